@@ -1,0 +1,63 @@
+// File: communicator.h
+//
+// The interface between the runtime (strategies, ReplicaContext) and a
+// transport: byte-level collectives of one member ("rank") of a fixed group.
+// The runtime validates and agrees on every call before it reaches a
+// communicator, so implementations may assume matching calls, counts and
+// dtypes on every rank. Implemented today by the in-process shared-memory
+// backend (comm/threads); MPI and hierarchical backends implement the same.
+//
+// Contract for every method: called by every rank of the group, in the same
+// order; blocks until this rank's part is done; throws the group's abort
+// error (see abort()) or DeadlineExceededError after `call.timeout`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distribute/dtype.h"
+#include "distribute/errors.h"
+#include "distribute/reduce_op.h"
+
+namespace distribute {
+
+// What a collective is, for matching and for error messages.
+struct CollectiveCall {
+  std::string_view op = "collective";  // "all_reduce", "all_gather", "merge_call", ...
+  std::uint64_t sequence = 0;          // 1-based index of the collective in this run, per replica
+  double timeout_seconds = 0;          // 0: wait forever
+  double stall_warning_seconds = 0;    // 0: never warn
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend_name() const = 0;
+
+  // Every rank contributes `payload`; returns all payloads in rank order.
+  virtual std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) = 0;
+  // recv = op over every rank's send, combined in rank order (MEAN divides by
+  // `mean_divisor`, or size() when 0). send == recv is allowed (in place).
+  virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                          const CollectiveCall& call, std::int64_t mean_divisor = 0) = 0;
+  // Rank r contributes outer * counts[r] elements, seen as `outer` rows of
+  // counts[r]. recv holds `outer` rows, each the concatenation of every
+  // rank's row in rank order (outer == 1: plain all-gather-v).
+  virtual void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
+                            DType dtype, const CollectiveCall& call) = 0;
+  // Copies root's buffer into every other rank's buffer.
+  virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) = 0;
+  virtual void barrier(const CollectiveCall& call) = 0;
+  // Fails the group: every pending and later call on every rank throws an
+  // error of `code` with `message`, until the group is reset by its owner.
+  virtual void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept = 0;
+};
+
+}  // namespace distribute

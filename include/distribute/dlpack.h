@@ -1,0 +1,31 @@
+// File: dlpack.h
+//
+// Zero-copy exchange of tensors with other libraries (numpy, PyTorch, JAX,
+// TVM, ...) through DLPack (Debian's libdlpack-dev, the 0.6 ABI).
+//
+//   DLManagedTensor* m = to_dlpack(t);   // shares t's storage; the consumer calls m->deleter(m)
+//   Tensor u = from_dlpack(m);           // takes ownership of m on success
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include "distribute/tensor.h"
+
+namespace distribute {
+
+// Exports `t` without copying. The returned tensor keeps t's storage alive
+// until its deleter is called; call it exactly once.
+DLManagedTensor* to_dlpack(const Tensor& t);
+
+// Imports a CPU tensor without copying. Accepted: device kDLCPU (or
+// kDLCUDAHost), lanes == 1, a dtype that maps to a distribute::DType, and
+// compact row-major strides (or none). Anything else throws
+// InvalidArgumentError (UnimplementedError for a supported-elsewhere device)
+// and leaves ownership with the caller. On success the Tensor owns `managed`
+// and calls its deleter when the last copy of the Tensor goes away.
+Tensor from_dlpack(DLManagedTensor* managed);
+
+// DLPack's description of a dtype (bool is {kDLUInt... } in 0.6; see dlpack.cc).
+DLDataType to_dl_dtype(DType dtype);
+
+}  // namespace distribute

@@ -1,0 +1,45 @@
+// File: indexed_slices.h
+//
+// IndexedSlices, as tf.IndexedSlices: a sparse representation of a dense
+// tensor of shape `dense_shape` whose rows `indices[i]` equal `values[i]`.
+// Rows may repeat; the dense value is their sum. It is what gradients of an
+// embedding lookup look like.
+//
+//   IndexedSlices g(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2});
+//   Tensor dense = g.to_dense();   // shape (10, 2), row 3 = [1, 2]
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include "distribute/tensor.h"
+
+namespace distribute {
+
+class IndexedSlices {
+ public:
+  // `indices` is int32 or int64 of rank 1; values.shape[0] == len(indices);
+  // values.shape[1:] == dense_shape[1:]. Violations throw InvalidArgumentError.
+  IndexedSlices(Tensor values, Tensor indices, Shape dense_shape);
+
+  const Tensor& values() const { return values_; }
+  const Tensor& indices() const { return indices_; }
+  const Shape& dense_shape() const { return dense_shape_; }
+  DType dtype() const { return values_.dtype(); }
+
+  // Sums rows into a dense tensor (duplicates add up, in order).
+  Tensor to_dense() const;
+
+  std::string repr() const;
+  friend bool operator==(const IndexedSlices& a, const IndexedSlices& b);
+
+ private:
+  Tensor values_;
+  Tensor indices_;
+  Shape dense_shape_;
+};
+
+std::ostream& operator<<(std::ostream& os, const IndexedSlices& s);
+inline std::string repr(const IndexedSlices& s) { return s.repr(); }
+
+}  // namespace distribute

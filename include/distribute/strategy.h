@@ -1,0 +1,315 @@
+// File: strategy.h
+//
+// Strategy, as tf.distribute.Strategy: runs a function on every replica and
+// combines per-replica values in the cross-replica context. Concrete
+// strategies are in mirrored_strategy.h (default, OneDevice, Mirrored).
+//
+//   MirroredStrategy strategy({"CPU:0", "CPU:1"});
+//   PerReplica<Tensor> r = strategy.run([](ReplicaContext& ctx) {
+//     return ctx.all_reduce(ReduceOp::kSum, constant(1.f));
+//   });
+//   Tensor total = strategy.reduce(ReduceOp::kSum, r, std::nullopt);   // 4.0
+//   std::vector<Tensor> locals = strategy.experimental_local_results(r);
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "distribute/context.h"
+#include "distribute/distributed_values.h"
+#include "distribute/indexed_slices.h"
+#include "distribute/options.h"
+#include "distribute/reduce_op.h"
+#include "distribute/replica_context.h"
+#include "distribute/tensor.h"
+
+namespace distribute {
+
+class Strategy;
+
+namespace internal {
+struct StrategyState;
+// The replica context of `s` if this thread is in s's replica mode (inside s.run), else nullptr.
+ReplicaContext* replica_context_of(const Strategy& s);
+}  // namespace internal
+
+// Where a reduce_to / broadcast_to result goes: one device, the devices of a
+// distributed value (for an all-reduce, pass the value itself), or a list.
+class Destinations {
+ public:
+  Destinations(const char* device);         // NOLINT: implicit, as TF accepts a device string
+  Destinations(const std::string& device);  // NOLINT
+  template <class D>
+    requires is_distributed_values_v<D> && std::is_same_v<typename D::value_type, Tensor>
+  Destinations(const D& value) {  // NOLINT
+    for (const Tensor& t : value.values()) devices_.push_back(t.device());
+    if (devices_.empty()) throw InvalidArgumentError("destinations can not be empty");
+  }
+  static Destinations of_devices(const std::vector<std::string>& devices);
+
+  const std::vector<std::string>& devices() const { return devices_; }
+
+ private:
+  Destinations() = default;
+  std::vector<std::string> devices_;
+};
+
+// tf.distribute.StrategyExtended: the lower-level cross-replica API.
+class StrategyExtended {
+ public:
+  explicit StrategyExtended(Strategy& strategy) : strategy_(&strategy) {}
+
+  // Reduces `value` across replicas and places a copy on every destination
+  // device. Cross-replica context only (also inside merge_fn).
+  Mirrored<Tensor> reduce_to(ReduceOp op, const PerReplica<Tensor>& value, const Destinations& destinations,
+                             const CommunicationOptions& options = {});
+  // A Mirrored value: MEAN returns it (placed on the destinations); SUM is an
+  // InvalidArgumentError (TensorFlow asserts).
+  Mirrored<Tensor> reduce_to(ReduceOp op, const Mirrored<Tensor>& value, const Destinations& destinations,
+                             const CommunicationOptions& options = {});
+  // A non-distributed value: MEAN returns it; SUM with more than one replica is
+  // an InvalidArgumentError ("A non-DistributedValues value ... cannot be
+  // reduced with the given reduce op SUM.").
+  Mirrored<Tensor> reduce_to(ReduceOp op, const Tensor& value, const Destinations& destinations,
+                             const CommunicationOptions& options = {});
+  // Several reduce_to in one call; results in the same order.
+  std::vector<Mirrored<Tensor>> batch_reduce_to(
+      ReduceOp op, const std::vector<std::pair<PerReplica<Tensor>, Destinations>>& value_destination_pairs,
+      const CommunicationOptions& options = {});
+  // A copy of `tensor` on every destination device (every local device when
+  // `destinations` is nullopt).
+  Mirrored<Tensor> broadcast_to(const Tensor& tensor, const std::optional<Destinations>& destinations = std::nullopt);
+
+  // Runs fn(component_i, select_replica(i, args)...) for every component of
+  // `var` (a mirrored value standing for a distributed variable); returns
+  // Mirrored of the results (nothing for void fn). In this strategy's replica
+  // context it goes through merge_call, so fn runs once per component, not
+  // once per replica and component.
+  template <class T, class Fn, class... Args>
+  auto update(Mirrored<T>& var, Fn&& fn, const Args&... args);
+
+  // Runs fn once per local replica, like Strategy::run but without entering
+  // scope(); allowed inside merge_fn (a nested step).
+  template <class Fn, class... Args>
+  auto call_for_each_replica(Fn&& fn, const Args&... args);
+
+  // Canonical names of the local devices, one per local replica.
+  // The default strategy throws FailedPreconditionError, as TensorFlow.
+  const std::vector<std::string>& worker_devices() const;
+
+  Strategy& strategy() const { return *strategy_; }
+
+ private:
+  void check_update_target(std::size_t components) const;
+  Strategy* strategy_;
+};
+
+// Entered by Strategy::scope(); leaves the scope when destroyed.
+class [[nodiscard]] StrategyScope {
+ public:
+  StrategyScope(StrategyScope&& other) noexcept;
+  StrategyScope& operator=(StrategyScope&&) = delete;
+  ~StrategyScope();
+
+ private:
+  friend class Strategy;
+  enum class Kind { kNone, kPushed, kCounted };
+  StrategyScope(Strategy* strategy, Kind kind) : strategy_(strategy), kind_(kind) {}
+  Strategy* strategy_;
+  Kind kind_;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  // "MirroredStrategy", "OneDeviceStrategy", "_DefaultDistributionStrategy".
+  virtual std::string_view name() const = 0;
+  // e.g. "MirroredStrategy(2 replicas: CPU:0, CPU:1)", for messages.
+  std::string describe() const;
+
+  // Replicas of every worker taking part in each collective.
+  int num_replicas_in_sync() const { return num_replicas_in_sync_; }
+  // Replicas run by this process.
+  int num_local_replicas() const { return static_cast<int>(devices_.size()); }
+  // Global id of local replica 0.
+  int first_replica_id() const { return first_replica_id_; }
+  // Canonical names of the local devices.
+  const std::vector<std::string>& devices() const { return devices_; }
+  // The options every collective starts from (per-call options override them).
+  const CommunicationOptions& communication_options() const { return options_; }
+  StrategyExtended& extended() { return extended_; }
+  const StrategyExtended& extended() const { return extended_; }
+
+  // Enters the cross-replica context of this strategy until the returned
+  // object is destroyed. Re-entering the same strategy nests.
+  StrategyScope scope();
+
+  // Runs fn once per local replica, in parallel, in replica context. fn may
+  // take ReplicaContext& first; the other parameters receive args, each
+  // PerReplica/Mirrored argument split so replica i gets component i.
+  // Returns PerReplica<R> of the results (nothing for void). If a replica
+  // throws, the others are aborted and run rethrows the first failure.
+  template <class Fn, class... Args>
+  auto run(Fn&& fn, const Args&... args);
+
+  // Cross-replica reduce to the host. axis == nullopt: element-wise across
+  // replicas. With an axis (or axes): also reduced along it, so MEAN is the
+  // mean of all elements even when replicas hold different batch sizes.
+  Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis);
+  Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, const std::vector<int>& axes);
+  Tensor reduce(ReduceOp op, const Mirrored<Tensor>& value, std::optional<int> axis);
+  // A non-distributed value (see reduce_to for the rules).
+  Tensor reduce(ReduceOp op, const Tensor& value, std::optional<int> axis);
+
+  // Concatenates every replica's component along `axis` (ragged allowed).
+  Tensor gather(const PerReplica<Tensor>& value, int axis);
+  // A non-distributed value is returned as it is.
+  Tensor gather(const Tensor& value, int axis);
+  // Throws UnimplementedError("gather does not support IndexedSlices").
+  Tensor gather(const IndexedSlices& value, int axis);
+
+  // One value per local replica.
+  template <class T>
+  std::vector<T> experimental_local_results(const PerReplica<T>& value) const {
+    return value.values();
+  }
+  template <class T>
+  std::vector<T> experimental_local_results(const Mirrored<T>& value) const {
+    return value.values();
+  }
+  template <class T>
+    requires(!is_distributed_values_v<T>)
+  std::vector<T> experimental_local_results(const T& value) const {
+    return {value};
+  }
+
+  // ---- for the runtime and for strategies -------------------------------
+  // Throws the TensorFlow error unless this thread is in this strategy's
+  // cross-replica context or in the default context.
+  void require_cross_replica_or_default(std::string_view api) const;
+  // Runs body(ctx) on every local replica (the engine behind run).
+  void run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api);
+
+ protected:
+  Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
+           CommunicationOptions options);
+
+  // Reduces one component per local replica (same dtype and shape) across every
+  // replica in sync; MEAN divides by `mean_divisor` (num_replicas_in_sync if 0).
+  // Multi-worker strategies override this to reduce across processes.
+  virtual Tensor reduce_components(ReduceOp op, const std::vector<Tensor>& components,
+                                   const CommunicationOptions& options, std::int64_t mean_divisor);
+
+ private:
+  friend class StrategyExtended;
+  friend class ReplicaContext;
+  Tensor reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes);
+  void check_components(const std::vector<Tensor>& components, std::string_view api) const;
+
+  std::vector<std::string> devices_;
+  int num_replicas_in_sync_;
+  int first_replica_id_;
+  CommunicationOptions options_;
+  StrategyExtended extended_;
+  std::unique_ptr<internal::StrategyState> state_;
+};
+
+// ---- templates ----------------------------------------------------------------
+
+namespace internal {
+template <class Fn, class... Args>
+decltype(auto) invoke_replica_fn(ReplicaContext& ctx, Fn& fn, const Args&... args) {
+  const auto i = static_cast<std::size_t>(ctx.local_replica_id());
+  if constexpr (std::is_invocable_v<Fn&, ReplicaContext&, select_replica_t<Args>...>) {
+    return fn(ctx, select_replica(i, args)...);
+  } else {
+    static_assert(std::is_invocable_v<Fn&, select_replica_t<Args>...>,
+                  "the replica function must be callable as fn(args...) or fn(ReplicaContext&, args...)");
+    return fn(select_replica(i, args)...);
+  }
+}
+
+template <class Fn, class... Args>
+using replica_result_t = std::decay_t<decltype(invoke_replica_fn(std::declval<ReplicaContext&>(), std::declval<Fn&>(),
+                                                                 std::declval<const Args&>()...))>;
+
+void check_components(std::size_t given, const Strategy& s, std::string_view what);
+
+template <class Fn, class... Args>
+auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... args) {
+  (
+      [&] {
+        if constexpr (ReplicaSelection<Args>::kDistributed && is_distributed_values_v<Args>) {
+          check_components(args.size(), s, api);
+        }
+      }(),
+      ...);
+  using R = replica_result_t<Fn, Args...>;
+  if constexpr (std::is_void_v<R>) {
+    s.run_replicas([&](ReplicaContext& ctx) { invoke_replica_fn(ctx, fn, args...); }, api);
+  } else {
+    std::vector<std::optional<R>> results(static_cast<std::size_t>(s.num_local_replicas()));
+    s.run_replicas(
+        [&](ReplicaContext& ctx) {
+          results[static_cast<std::size_t>(ctx.local_replica_id())].emplace(invoke_replica_fn(ctx, fn, args...));
+        },
+        api);
+    std::vector<R> values;
+    values.reserve(results.size());
+    for (auto& r : results) values.push_back(std::move(*r));
+    return PerReplica<R>(std::move(values));
+  }
+}
+}  // namespace internal
+
+template <class Fn, class... Args>
+auto Strategy::run(Fn&& fn, const Args&... args) {
+  return internal::run_on_replicas(*this, "run", fn, args...);
+}
+
+template <class Fn, class... Args>
+auto StrategyExtended::call_for_each_replica(Fn&& fn, const Args&... args) {
+  return internal::run_on_replicas(*strategy_, "call_for_each_replica", fn, args...);
+}
+
+template <class T, class Fn, class... Args>
+auto StrategyExtended::update(Mirrored<T>& var, Fn&& fn, const Args&... args) {
+  using R = std::decay_t<std::invoke_result_t<Fn&, T&, select_replica_t<Args>...>>;
+  if (ReplicaContext* ctx = internal::replica_context_of(*strategy_)) {
+    // Replica context: one merge_call, in which every component is updated once
+    // with its own replica's arguments. The whole Mirrored result is shared.
+    if constexpr (std::is_void_v<R>) {
+      ctx->merge_call([&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
+        s.extended().update(var, fn, grouped...);
+      }, args...);
+      return;
+    } else {
+      return *ctx->merge_call(
+          [&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
+            return std::make_shared<Mirrored<R>>(s.extended().update(var, fn, grouped...));
+          },
+          args...);
+    }
+  }
+  strategy_->require_cross_replica_or_default("update");
+  check_update_target(var.size());
+  if constexpr (std::is_void_v<R>) {
+    for (std::size_t i = 0; i < var.size(); ++i) fn(var.mutable_values()[i], select_replica(i, args)...);
+  } else {
+    std::vector<R> out;
+    out.reserve(var.size());
+    for (std::size_t i = 0; i < var.size(); ++i) out.push_back(fn(var.mutable_values()[i], select_replica(i, args)...));
+    return Mirrored<R>(std::move(out));
+  }
+}
+
+}  // namespace distribute

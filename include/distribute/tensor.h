@@ -1,0 +1,217 @@
+// File: tensor.h
+//
+// Tensor: a dtype, a shape and shared row-major storage, with the device it
+// lives on. Copies share storage (as TensorFlow's handles do); clone() copies
+// the bytes. Printing follows TensorFlow's eager repr.
+//
+//   Tensor a = constant({1, 2, 3});              // int32, shape (3,)
+//   Tensor b = constant({{1.f, 2.f}, {3.f, 4.f}}); // float32, shape (2, 2)
+//   Tensor c = concat({a, a}, /*axis=*/0);        // [1, 2, 3, 1, 2, 3]
+//   std::cout << c;  // <tf.Tensor: shape=(6,), dtype=int32, numpy=array([1, 2, 3, 1, 2, 3], dtype=int32)>
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distribute/dtype.h"
+#include "distribute/errors.h"
+
+namespace distribute {
+
+// Dimensions of a tensor, outermost first. Every dimension is >= 0.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<std::int64_t> dims);
+  explicit Shape(std::vector<std::int64_t> dims);
+
+  int rank() const { return static_cast<int>(dims_.size()); }
+  std::int64_t num_elements() const;
+  std::int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
+  std::int64_t dim(int i) const;  // bounds-checked, throws OutOfRangeError
+  const std::vector<std::int64_t>& dims() const { return dims_; }
+  // TensorFlow/numpy spelling: "()", "(6,)", "(2, 3)".
+  std::string to_string() const;
+
+  friend bool operator==(const Shape&, const Shape&) = default;
+
+ private:
+  std::vector<std::int64_t> dims_;
+};
+
+// The device a tensor belongs to, when none is given.
+inline constexpr const char* kHostDevice = "/job:localhost/replica:0/task:0/device:CPU:0";
+
+class Tensor {
+ public:
+  // An empty float32 tensor of shape (0,).
+  Tensor();
+  // Zero-filled tensor.
+  Tensor(DType dtype, Shape shape, std::string device = {});
+
+  // A tensor whose bytes are not initialised; for buffers that are written whole.
+  static Tensor uninitialized(DType dtype, Shape shape, std::string device = {});
+  // A tensor viewing `data` (which keeps the storage alive) without copying.
+  static Tensor from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape,
+                            std::string device = {});
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  std::int64_t num_elements() const { return shape_.num_elements(); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(num_elements()) * size_of(dtype_); }
+  // Canonical device name, e.g. "/job:localhost/replica:0/task:0/device:CPU:1".
+  const std::string& device() const { return device_; }
+
+  const void* raw_data() const { return data_.get(); }
+  // Writes are seen by every Tensor that shares this storage.
+  void* mutable_raw_data() const { return data_.get(); }
+  const std::shared_ptr<std::byte>& storage() const { return data_; }
+
+  template <class T>
+  std::span<const T> flat() const {
+    check_dtype(dtype_of<T>());
+    return {reinterpret_cast<const T*>(data_.get()), static_cast<std::size_t>(num_elements())};
+  }
+  template <class T>
+  std::span<T> mutable_flat() const {
+    check_dtype(dtype_of<T>());
+    return {reinterpret_cast<T*>(data_.get()), static_cast<std::size_t>(num_elements())};
+  }
+  // The single element of a rank-0 (or one-element) tensor.
+  template <class T>
+  T scalar() const {
+    if (num_elements() != 1) throw_not_scalar();
+    return flat<T>()[0];
+  }
+  // Element at a multi-dimensional index (bounds-checked).
+  template <class T>
+  T at(std::initializer_list<std::int64_t> index) const {
+    return flat<T>()[static_cast<std::size_t>(flat_index(index))];
+  }
+  // Any element converted to double (bool -> 0/1), for printing and tests.
+  double element_as_double(std::int64_t flat_index) const;
+
+  // Same storage, another device name.
+  Tensor with_device(std::string device) const;
+  // Same storage, another shape with the same number of elements.
+  Tensor reshape(Shape shape) const;
+  // A deep copy.
+  Tensor clone() const;
+
+  // TensorFlow's eager repr: <tf.Tensor: shape=(2,), dtype=float32, numpy=array([1., 2.], dtype=float32)>
+  std::string repr() const;
+  // numpy's repr of the value alone: array([1., 2.], dtype=float32), or 2.0 for a scalar.
+  std::string numpy_repr() const;
+  // The value as Python's tolist() prints it: [[1, 2], [3, 4]], 2.0, True.
+  std::string to_list_string() const;
+
+  // Same dtype, same shape and the same bytes (so NaN == NaN; +0 != -0). Device is ignored.
+  friend bool operator==(const Tensor& a, const Tensor& b);
+
+ private:
+  void check_dtype(DType requested) const;
+  [[noreturn]] void throw_not_scalar() const;
+  std::int64_t flat_index(std::initializer_list<std::int64_t> index) const;
+
+  DType dtype_ = DType::kFloat32;
+  Shape shape_{0};
+  std::shared_ptr<std::byte> data_;
+  std::string device_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+std::ostream& operator<<(std::ostream& os, const Shape& s);
+std::string repr(const Tensor& t);
+
+// ---- Construction, as tf.constant ----------------------------------------
+// C++ types map to dtypes as dtype_of<T>(): int -> int32, float -> float32,
+// double -> float64, bool -> bool, std::int64_t -> int64.
+namespace internal {
+template <class T>
+using ConstantElement = std::conditional_t<std::is_same_v<T, long>, std::int64_t, T>;
+Tensor make_constant(DType dtype, Shape shape, const void* data);
+}  // namespace internal
+
+// A tensor of `shape` holding `values` (row-major); sizes must agree.
+template <class T>
+Tensor constant(const std::vector<T>& values, Shape shape) {
+  if (static_cast<std::int64_t>(values.size()) != shape.num_elements()) {
+    throw InvalidArgumentError("constant: " + std::to_string(values.size()) +
+                               " values do not fill shape " + shape.to_string());
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<std::uint8_t> bytes(values.begin(), values.end());
+    return internal::make_constant(DType::kBool, std::move(shape), bytes.data());
+  } else {
+    return internal::make_constant(dtype_of<T>(), std::move(shape), values.data());
+  }
+}
+
+template <class T>
+Tensor constant(T value) {
+  return constant(std::vector<T>{value}, Shape{});
+}
+
+template <class T>
+Tensor constant(std::initializer_list<T> values) {
+  return constant(std::vector<T>(values), Shape{static_cast<std::int64_t>(values.size())});
+}
+
+template <class T>
+Tensor constant(std::initializer_list<std::initializer_list<T>> rows) {
+  std::vector<T> flat;
+  const std::int64_t cols = rows.size() == 0 ? 0 : static_cast<std::int64_t>(rows.begin()->size());
+  for (const auto& row : rows) {
+    if (static_cast<std::int64_t>(row.size()) != cols) {
+      throw InvalidArgumentError("constant: rows have different lengths (" + std::to_string(cols) +
+                                 " and " + std::to_string(row.size()) + ")");
+    }
+    flat.insert(flat.end(), row.begin(), row.end());
+  }
+  return constant(flat, Shape{static_cast<std::int64_t>(rows.size()), cols});
+}
+
+template <class T>
+Tensor constant(std::initializer_list<std::initializer_list<std::initializer_list<T>>> blocks) {
+  std::vector<T> flat;
+  std::vector<std::int64_t> inner;
+  for (const auto& block : blocks) {
+    Tensor b = constant<T>(block);
+    if (!inner.empty() && b.shape().dims() != inner) {
+      throw InvalidArgumentError("constant: blocks have different shapes");
+    }
+    inner = b.shape().dims();
+    auto values = b.flat<T>();
+    flat.insert(flat.end(), values.begin(), values.end());
+  }
+  std::vector<std::int64_t> dims{static_cast<std::int64_t>(blocks.size())};
+  dims.insert(dims.end(), inner.begin(), inner.end());
+  if (inner.empty()) dims.insert(dims.end(), {0, 0});
+  return constant(flat, Shape(dims));
+}
+
+// A scalar of an explicit dtype, converted from double.
+Tensor scalar(DType dtype, double value);
+// A tensor of `shape` and `dtype` with every element `value`.
+Tensor fill(DType dtype, Shape shape, double value);
+// Element i equals i, converted to `dtype` (handy in tests and examples).
+Tensor iota(DType dtype, Shape shape, double start = 0, double step = 1);
+
+// Concatenates along `axis` (negative counts from the end). Ranks and dtypes
+// must match and every dimension but `axis` must be equal.
+Tensor concat(std::span<const Tensor> tensors, int axis);
+inline Tensor concat(std::initializer_list<Tensor> tensors, int axis) {
+  return concat(std::span<const Tensor>(tensors.begin(), tensors.size()), axis);
+}
+
+// Converts element by element (floats to integers truncate toward zero).
+Tensor cast(const Tensor& t, DType dtype);
+
+}  // namespace distribute

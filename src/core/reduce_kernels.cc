@@ -1,0 +1,131 @@
+#include "core/reduce_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+namespace distribute::internal {
+namespace {
+
+constexpr std::size_t kBlock = 256;  // elements reduced per pass over the sources
+
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+// The type in which values of T are combined for `op`.
+template <class T>
+struct Accumulator {
+  using sum = std::conditional_t<is_half_v<T>, float,
+                                 std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>,
+                                                    std::uint64_t, T>>;
+  using mean = std::conditional_t<is_half_v<T>, float,
+                                  std::conditional_t<std::is_same_v<T, std::int64_t>, __int128,
+                                                     std::conditional_t<std::is_integral_v<T>, std::int64_t, T>>>;
+};
+
+template <class A, class T>
+A load(const T& v) {
+  if constexpr (is_half_v<T>) {
+    return static_cast<float>(v);
+  } else if constexpr (std::is_same_v<A, std::uint64_t> && std::is_signed_v<T>) {
+    return static_cast<std::uint64_t>(static_cast<std::int64_t>(v));  // sign-extend, then wrap
+  } else {
+    return static_cast<A>(v);
+  }
+}
+
+template <class T, class A>
+T store(A a) {
+  if constexpr (is_half_v<T>) {
+    return T(static_cast<float>(a));
+  } else {
+    return static_cast<T>(a);  // integers: modular (C++20), which is the wrap-around we promise
+  }
+}
+
+template <class A>
+A nan_min(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<A>::quiet_NaN();
+  }
+  return b < a ? b : a;
+}
+template <class A>
+A nan_max(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<A>::quiet_NaN();
+  }
+  return a < b ? b : a;
+}
+
+template <class T, class A, class Combine, class Finish>
+void reduce_blocks(T* dst, std::span<const void* const> srcs, std::size_t count, Combine combine, Finish finish) {
+  A acc[kBlock];
+  for (std::size_t base = 0; base < count; base += kBlock) {
+    const std::size_t n = std::min(kBlock, count - base);
+    const T* s0 = static_cast<const T*>(srcs[0]) + base;
+    for (std::size_t i = 0; i < n; ++i) acc[i] = load<A>(s0[i]);
+    for (std::size_t k = 1; k < srcs.size(); ++k) {
+      const T* sk = static_cast<const T*>(srcs[k]) + base;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], load<A>(sk[i]));
+    }
+    for (std::size_t i = 0; i < n; ++i) dst[base + i] = store<T>(finish(acc[i]));
+  }
+}
+
+template <class T>
+void reduce_typed(T* dst, std::span<const void* const> srcs, std::size_t count, ReduceOp op, std::int64_t divisor) {
+  auto same = [](auto a) { return a; };
+  if constexpr (std::is_same_v<T, bool>) {
+    auto any = [](bool a, bool b) { return a || b; };
+    auto all = [](bool a, bool b) { return a && b; };
+    if (op == ReduceOp::kSum || op == ReduceOp::kMax) {
+      reduce_blocks<T, bool>(dst, srcs, count, any, same);
+    } else if (op == ReduceOp::kMean && divisor != static_cast<std::int64_t>(srcs.size())) {
+      // trunc(count_true / divisor) is 1 only if count_true >= divisor.
+      std::int64_t d = divisor;
+      auto count_true = [](std::int64_t a, std::int64_t b) { return a + b; };
+      reduce_blocks<T, std::int64_t>(dst, srcs, count, count_true, [d](std::int64_t c) { return c / d != 0; });
+    } else {
+      reduce_blocks<T, bool>(dst, srcs, count, all, same);
+    }
+    return;
+  } else {
+    using Sum = typename Accumulator<T>::sum;
+    using Mean = typename Accumulator<T>::mean;
+    switch (op) {
+      case ReduceOp::kSum:
+        reduce_blocks<T, Sum>(dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a + b); }, same);
+        return;
+      case ReduceOp::kProduct:
+        reduce_blocks<T, Sum>(dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a * b); }, same);
+        return;
+      case ReduceOp::kMin:
+        reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return nan_min(a, b); }, same);
+        return;
+      case ReduceOp::kMax:
+        reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return nan_max(a, b); }, same);
+        return;
+      case ReduceOp::kMean: {
+        const Mean d = static_cast<Mean>(divisor);
+        reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return static_cast<Mean>(a + b); },
+                               [d](Mean a) { return static_cast<Mean>(a / d); });
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void reduce_sources(void* dst, std::span<const void* const> srcs, std::size_t count, DType dtype, ReduceOp op,
+                    std::int64_t mean_divisor) {
+  if (count == 0 || srcs.empty()) return;
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : static_cast<std::int64_t>(srcs.size());
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    reduce_typed<T>(static_cast<T*>(dst), srcs, count, op, divisor);
+  });
+}
+
+}  // namespace distribute::internal

@@ -1,0 +1,253 @@
+#include "distribute/tensor.h"
+
+#include <cstring>
+#include <new>
+#include <ostream>
+
+#include "core/storage.h"
+
+namespace distribute {
+
+// ---- Shape -------------------------------------------------------------------
+
+Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::vector<std::int64_t>(dims)) {}
+
+Shape::Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {
+  for (std::int64_t d : dims_) {
+    if (d < 0) throw InvalidArgumentError("Shape: negative dimension in " + to_string());
+  }
+}
+
+std::int64_t Shape::num_elements() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : dims_) n *= d;
+  return n;
+}
+
+std::int64_t Shape::dim(int i) const {
+  if (i < 0 || i >= rank()) {
+    throw OutOfRangeError("Shape::dim: index " + std::to_string(i) + " out of range for shape " + to_string());
+  }
+  return dims_[static_cast<std::size_t>(i)];
+}
+
+std::string Shape::to_string() const {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims_.size(); ++i) s += (i ? ", " : "") + std::to_string(dims_[i]);
+  if (dims_.size() == 1) s += ",";
+  return s + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.to_string(); }
+
+// ---- Tensor ------------------------------------------------------------------
+
+Tensor::Tensor() = default;
+
+Tensor::Tensor(DType dtype, Shape shape, std::string device)
+    : Tensor(uninitialized(dtype, std::move(shape), std::move(device))) {
+  if (nbytes() > 0) std::memset(data_.get(), 0, nbytes());
+}
+
+Tensor Tensor::uninitialized(DType dtype, Shape shape, std::string device) {
+  const std::size_t bytes = static_cast<std::size_t>(shape.num_elements()) * size_of(dtype);
+  return from_shared(internal::allocate_storage(bytes), dtype, std::move(shape), std::move(device));
+}
+
+Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string device) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = std::move(data);
+  t.device_ = device.empty() ? std::string(kHostDevice) : std::move(device);
+  if (!t.data_ && t.nbytes() > 0) throw InvalidArgumentError("Tensor::from_shared: null storage for " + t.shape_.to_string());
+  return t;
+}
+
+void Tensor::check_dtype(DType requested) const {
+  if (requested != dtype_) {
+    throw InvalidArgumentError("Tensor has dtype " + std::string(to_string(dtype_)) + ", not " +
+                               std::string(to_string(requested)));
+  }
+}
+
+void Tensor::throw_not_scalar() const {
+  throw InvalidArgumentError("Tensor::scalar: tensor of shape " + shape_.to_string() + " has " +
+                             std::to_string(num_elements()) + " elements, not 1");
+}
+
+std::int64_t Tensor::flat_index(std::initializer_list<std::int64_t> index) const {
+  if (static_cast<int>(index.size()) != rank()) {
+    throw InvalidArgumentError("Tensor::at: index of rank " + std::to_string(index.size()) + " for shape " +
+                               shape_.to_string());
+  }
+  std::int64_t flat = 0;
+  int axis = 0;
+  for (std::int64_t i : index) {
+    if (i < 0 || i >= shape_[axis]) {
+      throw OutOfRangeError("Tensor::at: index " + std::to_string(i) + " out of range for dimension " +
+                            std::to_string(axis) + " of shape " + shape_.to_string());
+    }
+    flat = flat * shape_[axis] + i;
+    ++axis;
+  }
+  return flat;
+}
+
+double Tensor::element_as_double(std::int64_t i) const {
+  if (i < 0 || i >= num_elements()) {
+    throw OutOfRangeError("Tensor: element " + std::to_string(i) + " out of range for shape " + shape_.to_string());
+  }
+  return visit_dtype(dtype_, [&](auto tag) -> double {
+    using T = decltype(tag);
+    const T* p = reinterpret_cast<const T*>(data_.get()) + i;
+    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+      return static_cast<double>(static_cast<float>(*p));
+    } else {
+      return static_cast<double>(*p);
+    }
+  });
+}
+
+Tensor Tensor::with_device(std::string device) const {
+  Tensor t = *this;
+  t.device_ = device.empty() ? std::string(kHostDevice) : std::move(device);
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  if (shape.num_elements() != num_elements()) {
+    throw InvalidArgumentError("Tensor::reshape: cannot reshape " + shape_.to_string() + " (" +
+                               std::to_string(num_elements()) + " elements) to " + shape.to_string());
+  }
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = uninitialized(dtype_, shape_, device_);
+  if (nbytes() > 0) std::memcpy(t.data_.get(), data_.get(), nbytes());
+  return t;
+}
+
+bool operator==(const Tensor& a, const Tensor& b) {
+  if (a.dtype_ != b.dtype_ || a.shape_ != b.shape_) return false;
+  return a.nbytes() == 0 || a.data_ == b.data_ || std::memcmp(a.data_.get(), b.data_.get(), a.nbytes()) == 0;
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.repr(); }
+std::string repr(const Tensor& t) { return t.repr(); }
+
+// ---- Construction -------------------------------------------------------------
+
+namespace internal {
+Tensor make_constant(DType dtype, Shape shape, const void* data) {
+  Tensor t = Tensor::uninitialized(dtype, std::move(shape));
+  if (t.nbytes() > 0) std::memcpy(t.mutable_raw_data(), data, t.nbytes());
+  return t;
+}
+}  // namespace internal
+
+namespace {
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+    return T(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v != 0;
+  } else {
+    return static_cast<T>(v);
+  }
+}
+}  // namespace
+
+Tensor fill(DType dtype, Shape shape, double value) {
+  return iota(dtype, std::move(shape), value, 0);
+}
+
+Tensor scalar(DType dtype, double value) { return fill(dtype, Shape{}, value); }
+
+Tensor iota(DType dtype, Shape shape, double start, double step) {
+  Tensor t = Tensor::uninitialized(dtype, std::move(shape));
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = reinterpret_cast<T*>(t.mutable_raw_data());
+    for (std::int64_t i = 0; i < t.num_elements(); ++i) p[i] = from_double<T>(start + step * static_cast<double>(i));
+  });
+  return t;
+}
+
+Tensor cast(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t.clone();
+  Tensor out = Tensor::uninitialized(dtype, t.shape(), t.device());
+  visit_dtype(dtype, [&](auto out_tag) {
+    using O = decltype(out_tag);
+    O* dst = reinterpret_cast<O*>(out.mutable_raw_data());
+    visit_dtype(t.dtype(), [&](auto in_tag) {
+      using I = decltype(in_tag);
+      const I* src = reinterpret_cast<const I*>(t.raw_data());
+      for (std::int64_t i = 0; i < t.num_elements(); ++i) {
+        if constexpr (std::is_same_v<I, float16> || std::is_same_v<I, bfloat16>) {
+          dst[i] = from_double<O>(static_cast<double>(static_cast<float>(src[i])));
+        } else {
+          dst[i] = from_double<O>(static_cast<double>(src[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+Tensor concat(std::span<const Tensor> tensors, int axis) {
+  if (tensors.empty()) throw InvalidArgumentError("concat: no tensors given");
+  const Tensor& first = tensors[0];
+  const int rank = first.rank();
+  if (rank == 0) throw InvalidArgumentError("concat: cannot concatenate scalars (rank 0)");
+  if (axis < -rank || axis >= rank) {
+    throw InvalidArgumentError("concat: axis " + std::to_string(axis) + " out of range for rank " +
+                               std::to_string(rank));
+  }
+  if (axis < 0) axis += rank;
+  std::vector<std::int64_t> dims = first.shape().dims();
+  dims[static_cast<std::size_t>(axis)] = 0;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    if (t.dtype() != first.dtype()) {
+      throw InvalidArgumentError("concat: tensor " + std::to_string(k) + " has dtype " +
+                                 std::string(to_string(t.dtype())) + ", tensor 0 has " +
+                                 std::string(to_string(first.dtype())));
+    }
+    if (t.rank() != rank) {
+      throw InvalidArgumentError("concat: Ranks of all input tensors should match: tensor " + std::to_string(k) +
+                                 " has shape " + t.shape().to_string() + ", tensor 0 has " +
+                                 first.shape().to_string());
+    }
+    for (int d = 0; d < rank; ++d) {
+      if (d != axis && t.shape()[d] != first.shape()[d]) {
+        throw InvalidArgumentError("concat: Dimension " + std::to_string(d) +
+                                   " in both shapes must be equal: tensor 0 has shape " + first.shape().to_string() +
+                                   ", tensor " + std::to_string(k) + " has " + t.shape().to_string());
+      }
+    }
+    dims[static_cast<std::size_t>(axis)] += t.shape()[axis];
+  }
+  Tensor out = Tensor::uninitialized(first.dtype(), Shape(dims), first.device());
+  std::int64_t outer = 1;
+  for (int d = 0; d < axis; ++d) outer *= dims[static_cast<std::size_t>(d)];
+  std::int64_t inner = 1;
+  for (int d = axis + 1; d < rank; ++d) inner *= dims[static_cast<std::size_t>(d)];
+  const std::size_t esz = size_of(first.dtype());
+  auto* dst = static_cast<std::byte*>(out.mutable_raw_data());
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (const Tensor& t : tensors) {
+      const std::size_t block = static_cast<std::size_t>(t.shape()[axis] * inner) * esz;
+      if (block == 0) continue;
+      std::memcpy(dst, static_cast<const std::byte*>(t.raw_data()) + static_cast<std::size_t>(o) * block, block);
+      dst += block;
+    }
+  }
+  return out;
+}
+
+}  // namespace distribute

@@ -1,0 +1,173 @@
+#include "runtime/mode.h"
+
+#include <optional>
+
+#include "comm/threads/shared_memory_communicator.h"
+#include "distribute/context.h"
+#include "distribute/mirrored_strategy.h"
+#include "runtime/replica_channel.h"
+
+namespace distribute {
+namespace internal {
+
+std::vector<ModeEntry>& mode_stack() {
+  thread_local std::vector<ModeEntry> stack;
+  return stack;
+}
+
+namespace {
+// A one-member group and communicator behind each thread's default replica context.
+struct DefaultReplica {
+  std::shared_ptr<LocalGroup> group = std::make_shared<LocalGroup>(1);
+  SharedMemoryCommunicator comm{group, 0};
+  ReplicaChannel channel;
+  ReplicaContext context;
+  DefaultReplica() : context(default_strategy(), 0, 0, &channel) {
+    channel.comm = &comm;
+    channel.local = group.get();
+  }
+};
+}  // namespace
+
+ReplicaContext& default_replica_context() {
+  thread_local DefaultReplica replica;
+  return replica.context;
+}
+
+ModeEntry current_mode() {
+  const auto& stack = mode_stack();
+  if (!stack.empty()) return stack.back();
+  return ModeEntry{&default_strategy(), nullptr, &default_replica_context(), 1, -1};
+}
+
+int current_merge_depth(const Strategy& s) {
+  const auto& stack = mode_stack();
+  if (stack.empty() || stack.back().cross_replica != &s) return -1;
+  return stack.back().merge_depth;
+}
+
+void require_replica_context(const ReplicaContext& ctx, std::string_view api) {
+  const ModeEntry mode = current_mode();
+  if (mode.replica == &ctx) return;
+  if (mode.replica == nullptr) {
+    throw FailedPreconditionError("Need to be inside `call_for_each_replica()`: ReplicaContext::" + std::string(api) +
+                                  " was called in a cross-replica context (inside strategy.scope() or a merge_fn)");
+  }
+  if (&mode.replica->strategy() == &ctx.strategy()) {
+    throw FailedPreconditionError("Mismatching ReplicaContext: ReplicaContext::" + std::string(api) +
+                                  " was called on replica " + std::to_string(ctx.replica_id_in_sync_group()) +
+                                  "'s context from replica " +
+                                  std::to_string(mode.replica->replica_id_in_sync_group()) + "'s thread.");
+  }
+  throw FailedPreconditionError("Mismatching tf.distribute.Strategy objects: " + mode.replica->strategy().describe() +
+                                " is not " + ctx.strategy().describe() + ".");
+}
+
+ReplicaContext* replica_context_of(const Strategy& s) {
+  const auto& stack = mode_stack();
+  if (stack.empty() || stack.back().replica == nullptr || stack.back().strategy != &s) return nullptr;
+  return stack.back().replica;
+}
+
+}  // namespace internal
+
+using internal::current_mode;
+using internal::mode_stack;
+
+ReplicaContext* get_replica_context() { return current_mode().replica; }
+
+bool in_cross_replica_context() { return current_mode().cross_replica != nullptr; }
+
+Strategy* get_cross_replica_context() { return current_mode().cross_replica; }
+
+Strategy& get_strategy() { return *current_mode().strategy; }
+
+bool has_strategy() { return !is_default_strategy(get_strategy()); }
+
+namespace {
+struct GlobalStrategy {
+  std::optional<StrategyScope> scope;
+  std::size_t depth = 0;  // mode-stack size just after the global scope was entered
+};
+GlobalStrategy& global_strategy() {
+  thread_local GlobalStrategy g;
+  return g;
+}
+}  // namespace
+
+void experimental_set_strategy(Strategy* strategy) {
+  GlobalStrategy& g = global_strategy();
+  const std::size_t base = g.scope ? g.depth : 0;
+  if (mode_stack().size() > base || (!g.scope && has_strategy())) {
+    throw FailedPreconditionError("Must not be called inside a `tf.distribute.Strategy` scope.");
+  }
+  g.scope.reset();
+  if (strategy != nullptr) {
+    g.scope.emplace(strategy->scope());
+    g.depth = mode_stack().size();
+  }
+}
+
+// ---- StrategyScope ----------------------------------------------------------
+
+StrategyScope::StrategyScope(StrategyScope&& other) noexcept : strategy_(other.strategy_), kind_(other.kind_) {
+  other.kind_ = Kind::kNone;
+}
+
+StrategyScope::~StrategyScope() {
+  auto& stack = mode_stack();
+  if (kind_ == Kind::kPushed && !stack.empty()) {
+    stack.pop_back();
+  } else if (kind_ == Kind::kCounted && !stack.empty()) {
+    --stack.back().scope_count;
+  }
+}
+
+StrategyScope Strategy::scope() {
+  auto& stack = mode_stack();
+  if (!stack.empty()) {
+    internal::ModeEntry& top = stack.back();
+    if (top.cross_replica == this) {
+      ++top.scope_count;
+      return StrategyScope(this, StrategyScope::Kind::kCounted);
+    }
+    if (top.replica != nullptr && top.strategy == this) {
+      throw FailedPreconditionError("Method requires being in cross-replica context, use "
+                                    "get_replica_context().merge_call(): scope() of " +
+                                    describe() + " entered inside its own replica function");
+    }
+  }
+  if (is_default_strategy(*this)) {
+    if (has_strategy()) throw FailedPreconditionError("Must not nest tf.distribute.Strategy scopes.");
+    return StrategyScope(this, StrategyScope::Kind::kNone);
+  }
+  if (has_strategy()) {
+    throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " + get_strategy().describe() +
+                                  " is not " + describe());
+  }
+  stack.push_back(internal::ModeEntry{this, this, nullptr, 1, -1});
+  return StrategyScope(this, StrategyScope::Kind::kPushed);
+}
+
+void Strategy::require_cross_replica_or_default(std::string_view api) const {
+  const internal::ModeEntry mode = current_mode();
+  if (mode.cross_replica == this) return;
+  if (mode_stack().empty()) return;  // the default mode
+  if (mode.strategy == this) {
+    if (api == "gather") {
+      throw FailedPreconditionError("tf.distribute.Strategy.gather method requires cross-replica context, use "
+                                    "get_replica_context().all_gather() instead");
+    }
+    throw FailedPreconditionError("Method requires being in cross-replica context, use "
+                                  "get_replica_context().merge_call(): " + std::string(api) +
+                                  " was called inside a replica function of " + describe());
+  }
+  if (!has_strategy()) {
+    throw FailedPreconditionError("Need to be inside \"with strategy.scope()\" for " + describe() + ": " +
+                                  std::string(api) + " was called in a context of the default strategy");
+  }
+  throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " + mode.strategy->describe() +
+                                " is not " + describe() + " (in " + std::string(api) + ")");
+}
+
+}  // namespace distribute

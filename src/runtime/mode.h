@@ -1,0 +1,44 @@
+// The per-thread mode stack behind get_replica_context() and friends
+// (TensorFlow's _get_per_thread_mode). An empty stack is the default mode.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "distribute/replica_context.h"
+#include "distribute/strategy.h"
+
+namespace distribute::internal {
+
+struct ModeEntry {
+  Strategy* strategy = nullptr;       // get_strategy()
+  Strategy* cross_replica = nullptr;  // set in cross-replica mode (scope, merge_fn)
+  ReplicaContext* replica = nullptr;  // set in replica mode (inside run)
+  int scope_count = 1;                // re-entries of the same strategy's scope
+  int merge_depth = -1;               // inside a merge_fn of a run at this nesting depth
+};
+
+std::vector<ModeEntry>& mode_stack();
+// The top entry, or the default mode's entry when the stack is empty.
+ModeEntry current_mode();
+// This thread's default replica context (replica 0 of the default strategy).
+ReplicaContext& default_replica_context();
+
+// Pushes an entry for the lifetime of the guard.
+class ModeGuard {
+ public:
+  explicit ModeGuard(const ModeEntry& entry) { mode_stack().push_back(entry); }
+  ~ModeGuard() { mode_stack().pop_back(); }
+  ModeGuard(const ModeGuard&) = delete;
+  ModeGuard& operator=(const ModeGuard&) = delete;
+};
+
+// The nesting depth of the run whose merge_fn this thread is executing for
+// `s`, or -1 when not inside one of s's merge_fns.
+int current_merge_depth(const Strategy& s);
+
+// TensorFlow's require_replica_context(ctx): throws FailedPreconditionError
+// unless `ctx` is this thread's current replica context.
+void require_replica_context(const ReplicaContext& ctx, std::string_view api);
+
+}  // namespace distribute::internal

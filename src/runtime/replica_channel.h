@@ -1,0 +1,41 @@
+// What one replica of one run uses to talk to the others: the communicator of
+// the whole sync group, the rendezvous of this process's replicas (for
+// merge_call), and its count of collectives issued in the run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/threads/local_group.h"
+#include "distribute/communicator.h"
+
+namespace distribute::internal {
+
+struct ReplicaChannel {
+  Communicator* comm = nullptr;
+  LocalGroup* local = nullptr;
+  int depth = 0;               // 0 for a top-level run, +1 per nested call_for_each_replica
+  std::uint64_t sequence = 0;  // collectives issued by this replica in this run
+  double stall_warning_seconds = 0;
+  // Reused staging buffer for packing several values into one collective.
+  std::shared_ptr<std::byte> scratch;
+  std::size_t scratch_bytes = 0;
+
+  std::byte* scratch_buffer(std::size_t bytes);
+};
+
+// Everything a run at one nesting depth needs, kept by the strategy between runs.
+struct RunResources {
+  std::shared_ptr<LocalGroup> local;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<ReplicaChannel> channels;
+
+  // Before a run: forget the failure and progress of the last one.
+  void reset();
+  // Fails the run's collectives on every replica.
+  void abort(ErrorCode code, const std::string& message, int origin) noexcept;
+};
+
+}  // namespace distribute::internal

@@ -1,0 +1,58 @@
+#include "runtime/replica_pool.h"
+
+namespace distribute::internal {
+
+ReplicaPool::ReplicaPool(int replicas) {
+  workers_.reserve(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0));
+  for (int r = 1; r < replicas; ++r) workers_.emplace_back([this, r] { worker_loop(r); });
+}
+
+ReplicaPool::~ReplicaPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ReplicaPool::worker_loop(int replica) {
+  std::uint64_t seen = 0;
+  while (true) {
+    const std::function<void(int)>* task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      task = task_;
+    }
+    (*task)(replica);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_ == 0) done_cv_.notify_one();
+  }
+}
+
+void ReplicaPool::run(const std::function<void(int)>& task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    task_ = &task;
+    pending_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  task(0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  task_ = nullptr;
+}
+
+void run_on_new_threads(int replicas, const std::function<void(int)>& task) {
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0));
+  for (int r = 1; r < replicas; ++r) threads.emplace_back([&task, r] { task(r); });
+  task(0);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace distribute::internal

@@ -1,0 +1,44 @@
+// ReplicaPool: the threads a strategy owns to run its replicas. Replica 0 runs
+// on the thread that called run(); replica i > 0 always runs on worker i, so
+// a replica keeps its thread (and its caches) from one step to the next.
+// Idle workers sleep on a condition variable: they burn no CPU between steps.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace distribute::internal {
+
+class ReplicaPool {
+ public:
+  explicit ReplicaPool(int replicas);
+  ~ReplicaPool();
+  ReplicaPool(const ReplicaPool&) = delete;
+  ReplicaPool& operator=(const ReplicaPool&) = delete;
+
+  // Calls task(i) for every replica i (task(0) on this thread) and returns
+  // when all have returned. `task` must not throw. Not reentrant.
+  void run(const std::function<void(int)>& task);
+
+ private:
+  void worker_loop(int replica);
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int)>* task_ = nullptr;
+  std::uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// Runs task(i) for i in [0, replicas) with task(0) on this thread and the
+// others on new threads (for nested runs from inside a merge_fn).
+void run_on_new_threads(int replicas, const std::function<void(int)>& task);
+
+}  // namespace distribute::internal

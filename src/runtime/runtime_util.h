@@ -1,0 +1,32 @@
+// Small pieces shared by the runtime's collectives.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <string_view>
+
+#include "distribute/communicator.h"
+#include "distribute/options.h"
+#include "distribute/tensor.h"
+#include "runtime/replica_channel.h"
+#include "runtime/signature.h"
+
+namespace distribute::internal {
+
+// "InvalidArgumentError: message" / "std::out_of_range: message".
+std::string describe_exception(const std::exception_ptr& e);
+// A non-negative number of seconds from the environment; 0 when unset.
+double env_seconds(const char* name);
+
+// The CollectiveCall for the next collective of this replica.
+CollectiveCall next_call(ReplicaChannel& channel, std::string_view op, const CommunicationOptions& options);
+
+// kNccl needs GPU support, which this build lacks: fall back to kRing and say
+// so on stderr, once per process (TensorFlow logs the same fallback).
+void note_implementation(const CommunicationOptions& options);
+void reset_implementation_notice_for_testing();
+
+// Records in `sig` why `value` cannot be all-gathered along `axis`, if it cannot.
+void validate_gather_leaf(const Tensor& value, int axis, Signature& sig);
+
+}  // namespace distribute::internal

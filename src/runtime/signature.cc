@@ -1,0 +1,204 @@
+#include "runtime/signature.h"
+
+#include <cstring>
+#include <algorithm>
+
+namespace distribute::internal {
+namespace {
+
+class Writer {
+ public:
+  void u64(std::uint64_t v) { out_.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void str(std::string_view s) {
+    u64(s.size());
+    out_.append(s);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  std::uint64_t u64() {
+    need(sizeof(std::uint64_t));
+    std::uint64_t v;
+    std::memcpy(&v, in_.data() + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  std::string str() {
+    const std::uint64_t n = u64();
+    need(n);
+    std::string s(in_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+
+ private:
+  void need(std::uint64_t n) const {
+    if (pos_ + n > in_.size()) throw InternalError("collective signature truncated");
+  }
+  std::string_view in_;
+  std::size_t pos_ = 0;
+};
+
+std::string replica_list(const std::vector<int>& members, int first) {
+  std::string s;
+  for (int m : members) s += (s.empty() ? "" : ", ") + std::to_string(first + m);
+  return s;
+}
+
+// "replicas 0, 2: SUM; replica 1: MEAN" grouping members by value, in order of first appearance.
+std::string describe_values(const std::vector<std::string>& values, int first) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int m = 0; m < static_cast<int>(values.size()); ++m) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == values[static_cast<std::size_t>(m)]; });
+    if (it == groups.end()) {
+      groups.push_back({values[static_cast<std::size_t>(m)], {m}});
+    } else {
+      it->second.push_back(m);
+    }
+  }
+  std::string s;
+  for (const auto& [value, members] : groups) {
+    s += (s.empty() ? "" : "; ") + std::string(members.size() > 1 ? "replicas " : "replica ") +
+         replica_list(members, first) + ": " + value;
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string dims_to_string(const std::vector<std::int64_t>& dims) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  if (dims.size() == 1) s += ",";
+  return s + ")";
+}
+
+std::string Signature::encode() const {
+  Writer w;
+  w.str(op);
+  w.u64(sequence);
+  w.u64(fields.size());
+  for (const auto& [k, v] : fields) {
+    w.str(k);
+    w.str(v);
+  }
+  w.u64(leaves.size());
+  for (const auto& leaf : leaves) {
+    w.u64(static_cast<std::uint64_t>(leaf.dtype));
+    w.u64(leaf.dims.size());
+    for (std::int64_t d : leaf.dims) w.u64(static_cast<std::uint64_t>(d));
+  }
+  w.u64(error_code ? static_cast<std::uint64_t>(*error_code) + 1 : 0);
+  w.str(error);
+  return w.take();
+}
+
+Signature Signature::decode(std::string_view bytes) {
+  Reader r(bytes);
+  Signature s;
+  s.op = r.str();
+  s.sequence = r.u64();
+  s.fields.resize(r.u64());
+  for (auto& [k, v] : s.fields) {
+    k = r.str();
+    v = r.str();
+  }
+  s.leaves.resize(r.u64());
+  for (auto& leaf : s.leaves) {
+    leaf.dtype = static_cast<DType>(r.u64());
+    leaf.dims.resize(r.u64());
+    for (auto& d : leaf.dims) d = static_cast<std::int64_t>(r.u64());
+  }
+  const std::uint64_t code = r.u64();
+  if (code) s.error_code = static_cast<ErrorCode>(code - 1);
+  s.error = r.str();
+  return s;
+}
+
+void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule rule, int axis,
+                      const LeafNamer& leaf_name) {
+  const Signature& s0 = sigs.front();
+  const std::string label = s0.op + " #" + std::to_string(s0.sequence);
+  const int n = static_cast<int>(sigs.size());
+
+  // 1. A replica found its own arguments invalid: everyone raises its error.
+  for (int m = 0; m < n; ++m) {
+    const Signature& s = sigs[static_cast<std::size_t>(m)];
+    if (s.error_code) throw_error(*s.error_code, s.op + " #" + std::to_string(s.sequence) + " on replica " +
+                                                     std::to_string(first + m) + ": " + s.error);
+  }
+  // 2. Different collectives, or the same one at different points of the program.
+  std::vector<std::string> ops;
+  bool ops_differ = false;
+  for (const auto& s : sigs) {
+    ops.push_back(s.op + " #" + std::to_string(s.sequence));
+    ops_differ |= ops.back() != ops.front();
+  }
+  if (ops_differ) {
+    throw FailedPreconditionError("Collective mismatch: the replicas called different collectives (" +
+                                  describe_values(ops, first) +
+                                  "). Every replica must call the same collectives in the same order.");
+  }
+  // 3. Arguments that must be equal.
+  for (std::size_t f = 0; f < s0.fields.size(); ++f) {
+    std::vector<std::string> values;
+    bool differ = false;
+    for (const auto& s : sigs) {
+      values.push_back(f < s.fields.size() ? s.fields[f].second : std::string("(missing)"));
+      differ |= values.back() != values.front();
+    }
+    if (differ) {
+      const std::string& name = s0.fields[f].first;
+      const std::string msg = label + ": the replicas passed different " + name + " (" +
+                              describe_values(values, first) + ").";
+      if (name == "merge_fn and argument types") throw FailedPreconditionError(msg);
+      throw InvalidArgumentError(msg);
+    }
+  }
+  // 4. Leaves: dtype and shape, one by one.
+  for (std::size_t i = 0; i < s0.leaves.size(); ++i) {
+    const std::string name = leaf_name ? leaf_name(i) : std::string();
+    const std::string what = name.empty() ? std::string("the value") : "value " + name;
+    std::vector<std::string> dtypes, shapes;
+    bool dtype_differs = false, rank_differs = false;
+    for (const auto& s : sigs) {
+      const LeafSignature& leaf = s.leaves[i];
+      dtypes.emplace_back(to_string(leaf.dtype));
+      shapes.push_back(dims_to_string(leaf.dims));
+      dtype_differs |= dtypes.back() != dtypes.front();
+      rank_differs |= leaf.dims.size() != s0.leaves[i].dims.size();
+    }
+    if (dtype_differs) {
+      throw InvalidArgumentError(label + ": " + what + " has different dtypes on different replicas (" +
+                                 describe_values(dtypes, first) + ").");
+    }
+    if (rank_differs) {
+      throw InvalidArgumentError(label + ": Ranks of all input tensors should match: " + what + " has shapes " +
+                                 describe_values(shapes, first) + ".");
+    }
+    const auto& d0 = s0.leaves[i].dims;
+    for (std::size_t d = 0; d < d0.size(); ++d) {
+      if (rule == ShapeRule::kAllButAxis && static_cast<int>(d) == axis) continue;
+      if (rule == ShapeRule::kAllButFirst && d == 0) continue;
+      bool differ = false;
+      for (const auto& s : sigs) differ |= s.leaves[i].dims[d] != d0[d];
+      if (!differ) continue;
+      if (rule == ShapeRule::kEqual) {
+        throw InvalidArgumentError(label + ": " + what + " has different shapes on different replicas (" +
+                                   describe_values(shapes, first) + "); all_reduce needs equal shapes.");
+      }
+      throw InvalidArgumentError(label + ": Shape mismatch: Dimension " + std::to_string(d) + " of " + what +
+                                 " must be equal on every replica (" + describe_values(shapes, first) +
+                                 "); only dimension " + std::to_string(rule == ShapeRule::kAllButAxis ? axis : 0) +
+                                 " may differ.");
+    }
+  }
+}
+
+}  // namespace distribute::internal

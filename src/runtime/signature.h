@@ -1,0 +1,63 @@
+// The signature of one collective call: what every replica exchanges before
+// any data moves (op, sequence number, reduce op / axis / structure, dtypes
+// and shapes, and the replica's local verdict on its own arguments). Every
+// replica runs the same checks on the same signatures, so a mismatch raises
+// the same error, with the same message, on every replica.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "distribute/dtype.h"
+#include "distribute/errors.h"
+
+namespace distribute::internal {
+
+struct LeafSignature {
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> dims;
+};
+
+struct Signature {
+  std::string op;
+  std::uint64_t sequence = 0;
+  // Named values that must be equal on every replica ("reduce op", "axis", "structure", ...).
+  std::vector<std::pair<std::string, std::string>> fields;
+  std::vector<LeafSignature> leaves;
+  // The replica's own verdict on its arguments, found before the exchange.
+  std::optional<ErrorCode> error_code;
+  std::string error;
+
+  void set_error(const Error& e) {
+    if (!error_code) {
+      error_code = e.code();
+      error = e.message();
+    }
+  }
+  std::string encode() const;
+  static Signature decode(std::string_view bytes);
+};
+
+// How leaf shapes must agree.
+enum class ShapeRule {
+  kEqual,          // all_reduce: identical shapes
+  kAllButAxis,     // all_gather: same rank, equal except along `axis`
+  kAllButFirst,    // IndexedSlices values: equal except dimension 0
+};
+
+// Names leaf i for messages, e.g. "['b'][1]" (empty for a single value).
+using LeafNamer = std::function<std::string(std::size_t)>;
+
+// Throws the agreed error if the signatures disagree or any replica reported a
+// local error. `first_replica` is the global id of member 0 (for messages).
+void check_signatures(const std::vector<Signature>& sigs, int first_replica, ShapeRule rule, int axis,
+                      const LeafNamer& leaf_name);
+
+std::string dims_to_string(const std::vector<std::int64_t>& dims);
+
+}  // namespace distribute::internal

@@ -1,0 +1,410 @@
+#include "distribute/strategy.h"
+
+#include <cxxabi.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <typeinfo>
+
+#include "comm/threads/shared_memory_communicator.h"
+#include "core/axis_reduce.h"
+#include "core/reduce_kernels.h"
+#include "core/storage.h"
+#include "distribute/mirrored_strategy.h"
+#include "runtime/mode.h"
+#include "runtime/replica_channel.h"
+#include "runtime/replica_pool.h"
+#include "runtime/runtime_util.h"
+#include "runtime/signature.h"
+
+namespace distribute {
+namespace internal {
+
+std::byte* ReplicaChannel::scratch_buffer(std::size_t bytes) {
+  if (bytes > scratch_bytes) {
+    scratch = allocate_storage(bytes);
+    scratch_bytes = bytes;
+  }
+  return scratch.get();
+}
+
+void RunResources::reset() {
+  local->reset();
+  for (auto& ch : channels) ch.sequence = 0;
+}
+
+void RunResources::abort(ErrorCode code, const std::string& message, int origin) noexcept {
+  local->abort(code, message, origin);
+  for (auto& c : comms) c->abort(code, message, origin);
+}
+
+struct StrategyState {
+  explicit StrategyState(int replicas) : pool(replicas) {}
+  std::mutex run_mutex;
+  ReplicaPool pool;
+  std::mutex resources_mutex;
+  std::vector<std::unique_ptr<RunResources>> by_depth;
+  double stall_warning_seconds = 0;
+
+  RunResources& resources(int depth, int replicas, double stall) {
+    std::lock_guard<std::mutex> lock(resources_mutex);
+    while (static_cast<int>(by_depth.size()) <= depth) {
+      auto res = std::make_unique<RunResources>();
+      res->local = std::make_shared<LocalGroup>(replicas);
+      res->channels.resize(static_cast<std::size_t>(replicas));
+      for (int r = 0; r < replicas; ++r) {
+        res->comms.push_back(std::make_unique<SharedMemoryCommunicator>(res->local, r));
+        ReplicaChannel& ch = res->channels[static_cast<std::size_t>(r)];
+        ch.comm = res->comms.back().get();
+        ch.local = res->local.get();
+        ch.depth = static_cast<int>(by_depth.size());
+        ch.stall_warning_seconds = stall;
+      }
+      by_depth.push_back(std::move(res));
+    }
+    return *by_depth[static_cast<std::size_t>(depth)];
+  }
+};
+
+std::string describe_exception(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return std::string(to_string(err.code())) + ": " + err.message();
+  } catch (const std::exception& ex) {
+    int status = 0;
+    char* name = abi::__cxa_demangle(typeid(ex).name(), nullptr, nullptr, &status);
+    std::string type = status == 0 && name ? name : typeid(ex).name();
+    std::free(name);
+    return type + ": " + ex.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+double env_seconds(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || v < 0 || !std::isfinite(v)) {
+    throw InvalidArgumentError(std::string(name) + "='" + text + "' is not a number of seconds >= 0");
+  }
+  return v;
+}
+
+void check_components(std::size_t given, const Strategy& s, std::string_view what) {
+  if (given != static_cast<std::size_t>(s.num_local_replicas())) {
+    throw InvalidArgumentError(std::string(what) + ": a distributed value has " + std::to_string(given) +
+                               " components but " + s.describe() + " has " +
+                               std::to_string(s.num_local_replicas()) + " local replicas");
+  }
+}
+
+std::string merge_type_key(std::initializer_list<const std::type_info*> types) {
+  std::string key;
+  for (const std::type_info* t : types) {
+    int status = 0;
+    char* name = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
+    key += (key.empty() ? "" : ", ") + std::string(status == 0 && name ? name : t->name());
+    std::free(name);
+  }
+  return key;
+}
+
+}  // namespace internal
+
+// ---- Strategy -------------------------------------------------------------------
+
+Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
+                   CommunicationOptions options)
+    : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
+      first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
+  options_.validate();
+  if (!options_.timeout) {
+    const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
+    if (t > 0) options_.timeout = std::chrono::duration<double>(t);
+  }
+  state_ = std::make_unique<internal::StrategyState>(num_local_replicas());
+  state_->stall_warning_seconds = internal::env_seconds("DISTRIBUTE_STALL_WARNING_SECONDS");
+}
+
+Strategy::~Strategy() = default;
+
+std::string Strategy::describe() const {
+  std::string s = std::string(name()) + "(" + std::to_string(num_replicas_in_sync_) +
+                  (num_replicas_in_sync_ == 1 ? " replica" : " replicas");
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    const std::string& d = devices_[i];
+    const auto pos = d.find("device:");
+    s += (i ? ", " : ": ") + (pos == std::string::npos ? d : d.substr(pos + 7));
+  }
+  return s + ")";
+}
+
+void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api) {
+  require_cross_replica_or_default(api);
+  const int depth = internal::current_merge_depth(*this) + 1;
+  std::unique_lock<std::mutex> run_lock(state_->run_mutex, std::defer_lock);
+  if (depth == 0) run_lock.lock();  // concurrent top-level runs of one strategy take turns
+  const int n = num_local_replicas();
+  internal::RunResources& res = state_->resources(depth, n, state_->stall_warning_seconds);
+  res.reset();
+  StrategyScope scope_guard = scope();
+
+  std::vector<ReplicaContext> contexts;
+  contexts.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    contexts.emplace_back(*this, first_replica_id_ + i, i, &res.channels[static_cast<std::size_t>(i)]);
+  }
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  const std::function<void(int)> replica_main = [&](int i) {
+    const auto idx = static_cast<std::size_t>(i);
+    {
+      internal::ModeGuard mode(internal::ModeEntry{this, nullptr, &contexts[idx], 1, -1});
+      try {
+        body(contexts[idx]);
+      } catch (...) {
+        errors[idx] = std::current_exception();
+        res.abort(ErrorCode::kAborted,
+                  "Replica " + std::to_string(first_replica_id_ + i) + " failed with " +
+                      internal::describe_exception(errors[idx]) +
+                      "; the collectives of the other replicas were aborted.",
+                  i);
+      }
+    }
+    res.local->mark_done(i);
+  };
+  if (depth == 0) {
+    state_->pool.run(replica_main);
+  } else {
+    internal::run_on_new_threads(n, replica_main);
+  }
+
+  const int origin = res.local->abort_origin();
+  if (origin >= 0 && errors[static_cast<std::size_t>(origin)]) {
+    std::rethrow_exception(errors[static_cast<std::size_t>(origin)]);
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void Strategy::check_components(const std::vector<Tensor>& components, std::string_view api) const {
+  internal::check_components(components.size(), *this, api);
+  for (std::size_t i = 1; i < components.size(); ++i) {
+    const Tensor& a = components[0];
+    const Tensor& b = components[i];
+    if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
+      throw InvalidArgumentError(std::string(api) + ": the components must have the same dtype and shape: replica " +
+                                 std::to_string(first_replica_id_) + " has " + std::string(to_string(a.dtype())) +
+                                 a.shape().to_string() + ", replica " +
+                                 std::to_string(first_replica_id_ + static_cast<int>(i)) + " has " +
+                                 std::string(to_string(b.dtype())) + b.shape().to_string());
+    }
+  }
+}
+
+Tensor Strategy::reduce_components(ReduceOp op, const std::vector<Tensor>& components, const CommunicationOptions&,
+                                   std::int64_t mean_divisor) {
+  const Tensor& first = components.front();
+  Tensor out = Tensor::uninitialized(first.dtype(), first.shape(), kHostDevice);
+  std::vector<const void*> srcs;
+  for (const Tensor& t : components) srcs.push_back(t.raw_data());
+  internal::reduce_sources(out.mutable_raw_data(), srcs, static_cast<std::size_t>(first.num_elements()),
+                           first.dtype(), op, mean_divisor > 0 ? mean_divisor : num_replicas_in_sync_);
+  return out;
+}
+
+Tensor Strategy::reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes) {
+  internal::check_components(components.size(), *this, "reduce");
+  const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
+  std::vector<Tensor> partials;
+  std::vector<Tensor> counts;
+  for (std::size_t i = 0; i < components.size(); ++i) {
+    const Tensor& c = components[i];
+    if (c.dtype() != components[0].dtype()) {
+      throw InvalidArgumentError("reduce: replica " + std::to_string(first_replica_id_ + static_cast<int>(i)) +
+                                 " has dtype " + std::string(to_string(c.dtype())) + ", replica " +
+                                 std::to_string(first_replica_id_) + " has " +
+                                 std::string(to_string(components[0].dtype())));
+    }
+    const std::vector<int> norm = internal::normalize_axes(axes, c.rank());
+    std::int64_t count = 1;
+    for (int a : norm) count *= c.shape()[a];
+    partials.push_back(internal::reduce_axes(c, norm, partial));
+    counts.push_back(scalar(DType::kInt64, static_cast<double>(count)));
+  }
+  check_components(partials, "reduce (after reducing along the axis)");
+  Tensor total = reduce_components(partial, partials, options_, 0);
+  if (op == ReduceOp::kMean) {
+    const std::int64_t n = reduce_components(ReduceOp::kSum, counts, options_, 0).scalar<std::int64_t>();
+    if (n == 0 && !is_floating(components[0].dtype())) {
+      throw InvalidArgumentError("reduce: the MEAN of zero elements of dtype " +
+                                 std::string(to_string(components[0].dtype())) + " is undefined");
+    }
+    if (n == 0) {
+      total = fill(total.dtype(), total.shape(), std::nan(""));
+    } else {
+      const void* src[1] = {total.raw_data()};
+      internal::reduce_sources(total.mutable_raw_data(), src, static_cast<std::size_t>(total.num_elements()),
+                               total.dtype(), ReduceOp::kMean, n);
+    }
+  }
+  return cast(total, components[0].dtype()).with_device(kHostDevice);
+}
+
+Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) {
+  require_cross_replica_or_default("reduce");
+  if (axis) return reduce_along_axes(op, value.values(), {*axis});
+  check_components(value.values(), "reduce");
+  return reduce_components(op, value.values(), options_, 0);
+}
+
+Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, const std::vector<int>& axes) {
+  require_cross_replica_or_default("reduce");
+  return reduce_along_axes(op, value.values(), axes);
+}
+
+namespace {
+// TensorFlow's reduce_non_distributed_value: a value that is the same on every
+// replica keeps its value under MEAN (and MIN, MAX); SUM and PRODUCT would
+// need to know it was meant once per replica, which is an error for N > 1.
+void check_non_distributed(ReduceOp op, const Strategy& s, const std::string& value_text, bool mirrored) {
+  if (op == ReduceOp::kMean || op == ReduceOp::kMin || op == ReduceOp::kMax || s.num_replicas_in_sync() == 1) {
+    return;
+  }
+  if (mirrored) {
+    throw InvalidArgumentError("A Mirrored value " + value_text + " cannot be reduced with " +
+                               std::string(to_string(op)) + ": its components are already identical");
+  }
+  throw InvalidArgumentError("A non-DistributedValues value " + value_text +
+                             " cannot be reduced with the given reduce op " + std::string(to_string(op)) + ".");
+}
+
+std::string short_text(const Tensor& t) {
+  return t.num_elements() <= 16 ? t.to_list_string() : "of shape " + t.shape().to_string();
+}
+}  // namespace
+
+Tensor Strategy::reduce(ReduceOp op, const Mirrored<Tensor>& value, std::optional<int> axis) {
+  require_cross_replica_or_default("reduce");
+  internal::check_components(value.size(), *this, "reduce");
+  check_non_distributed(op, *this, short_text(value.primary()), /*mirrored=*/true);
+  if (!axis) return value.primary().clone().with_device(kHostDevice);
+  return reduce_along_axes(op, {value.primary()}, {*axis});
+}
+
+Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axis) {
+  require_cross_replica_or_default("reduce");
+  check_non_distributed(op, *this, short_text(value), /*mirrored=*/false);
+  if (!axis) return value;
+  return reduce_along_axes(op, std::vector<Tensor>(static_cast<std::size_t>(num_local_replicas()), value), {*axis});
+}
+
+Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
+  require_cross_replica_or_default("gather");
+  const auto& comps = value.values();
+  internal::check_components(comps.size(), *this, "gather");
+  std::vector<internal::Signature> sigs(comps.size());
+  for (std::size_t i = 0; i < comps.size(); ++i) {
+    sigs[i].op = "gather";
+    sigs[i].sequence = 0;
+    sigs[i].leaves.push_back({comps[i].dtype(), comps[i].shape().dims()});
+    internal::validate_gather_leaf(comps[i], axis, sigs[i]);
+  }
+  const int norm_axis = axis < 0 ? axis + comps[0].rank() : axis;
+  internal::check_signatures(sigs, first_replica_id_, internal::ShapeRule::kAllButAxis, norm_axis, nullptr);
+  return concat(comps, axis).with_device(kHostDevice);
+}
+
+Tensor Strategy::gather(const Tensor& value, int) {
+  require_cross_replica_or_default("gather");
+  return value;
+}
+
+Tensor Strategy::gather(const IndexedSlices&, int) {
+  require_cross_replica_or_default("gather");
+  throw UnimplementedError("gather does not support IndexedSlices");
+}
+
+// ---- StrategyExtended -------------------------------------------------------------
+
+Destinations::Destinations(const char* device) : Destinations(std::string(device)) {}
+
+Destinations::Destinations(const std::string& device) {
+  if (device.empty()) throw InvalidArgumentError("destinations can not be empty");
+  devices_.push_back(canonical_device_name(device));
+}
+
+Destinations Destinations::of_devices(const std::vector<std::string>& devices) {
+  if (devices.empty()) throw InvalidArgumentError("destinations can not be empty");
+  Destinations d;
+  for (const auto& name : devices) d.devices_.push_back(canonical_device_name(name));
+  return d;
+}
+
+namespace {
+Mirrored<Tensor> place_on(const Tensor& value, const Destinations& destinations) {
+  std::vector<Tensor> copies;
+  for (const auto& device : destinations.devices()) copies.push_back(value.clone().with_device(device));
+  return Mirrored<Tensor>(std::move(copies));
+}
+}  // namespace
+
+Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const PerReplica<Tensor>& value,
+                                             const Destinations& destinations, const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("reduce_to");
+  const CommunicationOptions merged = strategy_->options_.merge(options);
+  merged.validate();
+  strategy_->check_components(value.values(), "reduce_to");
+  return place_on(strategy_->reduce_components(op, value.values(), merged, 0), destinations);
+}
+
+Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Mirrored<Tensor>& value,
+                                             const Destinations& destinations, const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("reduce_to");
+  strategy_->options_.merge(options).validate();
+  internal::check_components(value.size(), *strategy_, "reduce_to");
+  check_non_distributed(op, *strategy_, short_text(value.primary()), /*mirrored=*/true);
+  return place_on(value.primary(), destinations);
+}
+
+Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Tensor& value, const Destinations& destinations,
+                                             const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("reduce_to");
+  strategy_->options_.merge(options).validate();
+  check_non_distributed(op, *strategy_, short_text(value), /*mirrored=*/false);
+  return place_on(value, destinations);
+}
+
+std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
+    ReduceOp op, const std::vector<std::pair<PerReplica<Tensor>, Destinations>>& value_destination_pairs,
+    const CommunicationOptions& options) {
+  std::vector<Mirrored<Tensor>> out;
+  out.reserve(value_destination_pairs.size());
+  for (const auto& [value, destinations] : value_destination_pairs) {
+    out.push_back(reduce_to(op, value, destinations, options));
+  }
+  return out;
+}
+
+Mirrored<Tensor> StrategyExtended::broadcast_to(const Tensor& tensor, const std::optional<Destinations>& destinations) {
+  strategy_->require_cross_replica_or_default("broadcast_to");
+  return place_on(tensor, destinations ? *destinations : Destinations::of_devices(strategy_->devices()));
+}
+
+const std::vector<std::string>& StrategyExtended::worker_devices() const {
+  if (is_default_strategy(*strategy_)) {
+    throw FailedPreconditionError("worker_devices() method unsupported by default tf.distribute.Strategy.");
+  }
+  return strategy_->devices();
+}
+
+void StrategyExtended::check_update_target(std::size_t components) const {
+  internal::check_components(components, *strategy_, "update");
+}
+
+}  // namespace distribute

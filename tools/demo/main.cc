@@ -1,0 +1,126 @@
+// distribute-demo: every example of the tf.distribute.ReplicaContext page (the
+// seed, ../shared/seed/), written in C++ with distribute, run on
+// MirroredStrategy({"CPU:0", "CPU:1"}), printing what TensorFlow prints.
+#include <distribute/distribute.h>
+
+#include <iostream>
+#include <string>
+
+using namespace distribute;
+
+namespace {
+
+// A nest shown as Python shows the tolist() of its values: {'a': [0, 1], ...}.
+std::string values_of(const Nest<Tensor>& n) {
+  switch (n.kind()) {
+    case NestKind::kLeaf: return n.leaf().to_list_string();
+    case NestKind::kDict: {
+      std::string s = "{";
+      for (const auto& [key, child] : n.dict_items()) s += (s.size() > 1 ? ", '" : "'") + key + "': " + values_of(child);
+      return s + "}";
+    }
+    default: {
+      std::string s = "[";
+      for (std::size_t i = 0; i < n.items().size(); ++i) s += (i ? ", " : "") + values_of(n.items()[i]);
+      return s + "]";
+    }
+  }
+}
+
+void section(const std::string& title) { std::cout << "\n== " << title << " ==\n"; }
+
+}  // namespace
+
+int main() {
+  try {
+    // strategy = tf.distribute.MirroredStrategy(['GPU:0', 'GPU:1'])  (CPU devices here)
+    MirroredStrategy strategy({"CPU:0", "CPU:1"});
+
+    section("ReplicaContext: replica_id_in_sync_group");
+    auto func = [] {
+      auto* replica_context = get_replica_context();
+      return constant(replica_context->replica_id_in_sync_group());
+    };
+    std::cout << strategy.run(func) << "\n";
+
+    section("all_gather: one tensor");
+    auto gather_value = [] {
+      auto* ctx = get_replica_context();
+      auto local_value = constant({1, 2, 3});
+      return ctx->all_gather(local_value, /*axis=*/0);
+    };
+    auto result = strategy.run(gather_value);
+    std::cout << result << "\n";
+    std::cout << repr_tuple(strategy.experimental_local_results(result)) << "\n";
+
+    section("all_gather: a nested structure (list) of tensors");
+    auto gather_nest = [] {
+      auto* ctx = get_replica_context();
+      auto value_1 = constant({1, 2, 3});
+      auto value_2 = constant({{1, 2}, {3, 4}});
+      // all_gather a nest of tensors
+      return ctx->all_gather({value_1, value_2}, /*axis=*/0);
+    };
+    auto nest_result = strategy.run(gather_nest);
+    for (const auto& local : strategy.experimental_local_results(nest_result)) {
+      std::cout << repr(local) << "\n";
+    }
+
+    section("all_gather: different shapes on different replicas (ragged, nested dict)");
+    using N = Nest<Tensor>;
+    PerReplica<N> per_replica_value({
+        N::dict({{"a", constant({0})}, {"b", constant({{0, 1}})}}),
+        N::dict({{"a", constant({1})}, {"b", constant({{2, 3}, {4, 5}})}}),
+    });
+    auto gather_ragged = [](ReplicaContext& ctx, const N& value) { return ctx.all_gather(value, /*axis=*/0); };
+    auto ragged = strategy.run(gather_ragged, per_replica_value);
+    for (std::size_t r = 0; r < ragged.size(); ++r) {
+      std::cout << "replica " << r << ": value " << values_of(per_replica_value[r]) << " -> all_gather "
+                << values_of(ragged[r]) << "\n";
+    }
+
+    section("all_reduce: SUM of a scalar");
+    auto step_fn = [] {
+      auto* ctx = get_replica_context();
+      auto value = constant(1.f);
+      return ctx->all_reduce(ReduceOp::kSum, value);
+    };
+    std::cout << repr_tuple(strategy.experimental_local_results(strategy.run(step_fn))) << "\n";
+
+    section("all_reduce: a list of values (batched)");
+    auto step_fn_list = [] {
+      auto* ctx = get_replica_context();
+      auto value1 = constant(1.f);
+      auto value2 = constant(2.f);
+      return ctx->all_reduce(ReduceOp::kSum, {value1, value2});
+    };
+    std::string line = "(";
+    for (const auto& local : strategy.experimental_local_results(strategy.run(step_fn_list))) {
+      line += (line.size() > 1 ? ", " : "") + values_of(N::list({local[0], local[1]}));
+    }
+    std::cout << line << ")   # float32 scalars, one list per replica\n";
+
+    section("merge_call: merge_fn runs once, in the cross-replica context");
+    auto merge_step = [] {
+      auto* ctx = get_replica_context();
+      auto value = constant(static_cast<float>(ctx->replica_id_in_sync_group() + 1));
+      return ctx->merge_call(
+          [](Strategy& s, const PerReplica<Tensor>& v) {
+            std::cout << "merge_fn sees " << v << "\n";
+            return s.extended().reduce_to(ReduceOp::kSum, v, v);  // an all-reduce: destinations = the value
+          },
+          value);
+    };
+    std::cout << strategy.run(merge_step) << "\n";
+
+    section("merge_call outside a distributed context");
+    auto outside = get_replica_context()->merge_call(
+        [](Strategy& s, const PerReplica<Tensor>& v) { return std::string(s.name()) + ": " + v[0].to_list_string(); },
+        constant(7));
+    std::cout << outside << "\n";
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "distribute-demo: " << to_string(e.code()) << ": " << e.what() << "\n";
+    return 1;
+  }
+}
