@@ -25,7 +25,8 @@ DLManagedTensor* to_dlpack(const Tensor& t);
 // and calls its deleter when the last copy of the Tensor goes away.
 Tensor from_dlpack(DLManagedTensor* managed);
 
-// DLPack's description of a dtype (bool is {kDLUInt... } in 0.6; see dlpack.cc).
+// DLPack's description of a dtype. DLPack 0.6 has no bool code; bool uses
+// code 6, the kDLBool of DLPack 0.8 and later.
 DLDataType to_dl_dtype(DType dtype);
 
 }  // namespace distribute

@@ -93,6 +93,11 @@ class Nest {
     }
     return v[i];
   }
+  // An int overload, so that n[0] is not ambiguous with the const char* key.
+  const Nest& operator[](int i) const {
+    if (i < 0) throw OutOfRangeError("Nest: negative index " + std::to_string(i));
+    return (*this)[static_cast<std::size_t>(i)];
+  }
   const Nest& operator[](const std::string& key) const {
     const auto& d = dict_items();
     auto it = std::lower_bound(d.begin(), d.end(), key,

@@ -94,8 +94,8 @@ class StrategyExtended {
   template <class T, class Fn, class... Args>
   auto update(Mirrored<T>& var, Fn&& fn, const Args&... args);
 
-  // Runs fn once per local replica, like Strategy::run but without entering
-  // scope(); allowed inside merge_fn (a nested step).
+  // Runs fn once per local replica, as Strategy::run does (TensorFlow's V1
+  // name); allowed inside merge_fn, where it runs a nested step.
   template <class Fn, class... Args>
   auto call_for_each_replica(Fn&& fn, const Args&... args);
 
@@ -107,6 +107,9 @@ class StrategyExtended {
 
  private:
   void check_update_target(std::size_t components) const;
+  // update() in the cross-replica context: fn once per component.
+  template <class T, class Fn, class... Args>
+  auto update_components(Mirrored<T>& var, Fn& fn, const Args&... args);
   Strategy* strategy_;
 };
 
@@ -289,19 +292,26 @@ auto StrategyExtended::update(Mirrored<T>& var, Fn&& fn, const Args&... args) {
     // with its own replica's arguments. The whole Mirrored result is shared.
     if constexpr (std::is_void_v<R>) {
       ctx->merge_call([&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
-        s.extended().update(var, fn, grouped...);
+        s.extended().update_components(var, fn, grouped...);
       }, args...);
       return;
     } else {
       return *ctx->merge_call(
           [&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
-            return std::make_shared<Mirrored<R>>(s.extended().update(var, fn, grouped...));
+            return std::make_shared<Mirrored<R>>(s.extended().update_components(var, fn, grouped...));
           },
           args...);
     }
+  } else {
+    strategy_->require_cross_replica_or_default("update");
+    return update_components(var, fn, args...);
   }
-  strategy_->require_cross_replica_or_default("update");
+}
+
+template <class T, class Fn, class... Args>
+auto StrategyExtended::update_components(Mirrored<T>& var, Fn& fn, const Args&... args) {
   check_update_target(var.size());
+  using R = std::decay_t<std::invoke_result_t<Fn&, T&, select_replica_t<Args>...>>;
   if constexpr (std::is_void_v<R>) {
     for (std::size_t i = 0; i < var.size(); ++i) fn(var.mutable_values()[i], select_replica(i, args)...);
   } else {

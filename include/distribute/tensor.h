@@ -45,14 +45,31 @@ class Shape {
   std::vector<std::int64_t> dims_;
 };
 
-// The device a tensor belongs to, when none is given.
+// The host's first CPU device: where tensors go outside any replica.
 inline constexpr const char* kHostDevice = "/job:localhost/replica:0/task:0/device:CPU:0";
+
+namespace internal {
+// The device new tensors are placed on when none is given, as TensorFlow's
+// `with tf.device(...)` scope: kHostDevice, or the replica's device inside
+// Strategy::run (the runtime sets it on each replica thread).
+const std::string& default_device();
+class DeviceScope {
+ public:
+  explicit DeviceScope(const std::string& device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  const std::string* previous_;
+};
+}  // namespace internal
 
 class Tensor {
  public:
   // An empty float32 tensor of shape (0,).
   Tensor();
-  // Zero-filled tensor.
+  // Zero-filled tensor, on `device` (default: internal::default_device()).
   Tensor(DType dtype, Shape shape, std::string device = {});
 
   // A tensor whose bytes are not initialised; for buffers that are written whole.

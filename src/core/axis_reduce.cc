@@ -34,15 +34,26 @@ std::vector<int> normalize_axes(const std::vector<int>& axes, int rank) {
 }
 
 namespace {
+// The identity of op for values of `dtype`, in the accumulator type A: MIN of
+// nothing is the dtype's largest value (+inf for floats), MAX its smallest.
 template <class A>
-A identity(ReduceOp op) {
+A identity(ReduceOp op, DType dtype) {
   switch (op) {
     case ReduceOp::kProduct: return A(1);
     case ReduceOp::kMin:
-      return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity() : std::numeric_limits<A>::max();
-    case ReduceOp::kMax:
-      return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity()
-                                                  : std::numeric_limits<A>::lowest();
+    case ReduceOp::kMax: {
+      const bool min = op == ReduceOp::kMin;
+      return visit_dtype(dtype, [&](auto tag) -> A {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, bool>) {
+          return A(min ? 1 : 0);
+        } else if constexpr (std::is_integral_v<T>) {
+          return static_cast<A>(min ? std::numeric_limits<T>::max() : std::numeric_limits<T>::lowest());
+        } else {
+          return min ? std::numeric_limits<A>::infinity() : -std::numeric_limits<A>::infinity();
+        }
+      });
+    }
     default: return A(0);
   }
 }
@@ -90,7 +101,7 @@ Tensor reduce_axes(const Tensor& t, const std::vector<int>& axes, ReduceOp op) {
     using A = decltype(tag);
     if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double> || std::is_same_v<A, std::int64_t>) {
       A* o = reinterpret_cast<A*>(out.mutable_raw_data());
-      std::fill(o, o + out.num_elements(), identity<A>(op));
+      std::fill(o, o + out.num_elements(), identity<A>(op, t.dtype()));
       const A* x = reinterpret_cast<const A*>(in.raw_data());
       const int rank = t.rank();
       std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0);

@@ -7,7 +7,10 @@
 namespace distribute::internal {
 namespace {
 
-constexpr std::size_t kBlock = 256;  // elements reduced per pass over the sources
+constexpr std::size_t kBlock = 256;
+
+// Exact sums of int64 values for MEAN (a GCC/Clang extension, hence __extension__).
+__extension__ typedef __int128 int128;  // elements reduced per pass over the sources
 
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
@@ -19,7 +22,7 @@ struct Accumulator {
                                  std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>,
                                                     std::uint64_t, T>>;
   using mean = std::conditional_t<is_half_v<T>, float,
-                                  std::conditional_t<std::is_same_v<T, std::int64_t>, __int128,
+                                  std::conditional_t<std::is_same_v<T, std::int64_t>, int128,
                                                      std::conditional_t<std::is_integral_v<T>, std::int64_t, T>>>;
 };
 

@@ -1,6 +1,8 @@
 #include "distribute/tensor.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <ostream>
 
@@ -40,6 +42,23 @@ std::string Shape::to_string() const {
 
 std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.to_string(); }
 
+// ---- Device scope -------------------------------------------------------------
+
+namespace internal {
+namespace {
+const std::string& host_device() {
+  static const std::string host(kHostDevice);
+  return host;
+}
+thread_local const std::string* current_device = nullptr;
+}  // namespace
+
+const std::string& default_device() { return current_device ? *current_device : host_device(); }
+
+DeviceScope::DeviceScope(const std::string& device) : previous_(current_device) { current_device = &device; }
+DeviceScope::~DeviceScope() { current_device = previous_; }
+}  // namespace internal
+
 // ---- Tensor ------------------------------------------------------------------
 
 Tensor::Tensor() = default;
@@ -59,7 +78,7 @@ Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape s
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   t.data_ = std::move(data);
-  t.device_ = device.empty() ? std::string(kHostDevice) : std::move(device);
+  t.device_ = device.empty() ? internal::default_device() : std::move(device);
   if (!t.data_ && t.nbytes() > 0) throw InvalidArgumentError("Tensor::from_shared: null storage for " + t.shape_.to_string());
   return t;
 }
@@ -111,7 +130,7 @@ double Tensor::element_as_double(std::int64_t i) const {
 
 Tensor Tensor::with_device(std::string device) const {
   Tensor t = *this;
-  t.device_ = device.empty() ? std::string(kHostDevice) : std::move(device);
+  t.device_ = device.empty() ? internal::default_device() : std::move(device);
   return t;
 }
 
@@ -156,6 +175,13 @@ T from_double(double v) {
     return T(static_cast<float>(v));
   } else if constexpr (std::is_same_v<T, bool>) {
     return v != 0;
+  } else if constexpr (std::is_integral_v<T>) {
+    // Truncate toward zero, then wrap into T (never undefined behaviour): NaN
+    // gives 0 and values beyond int64 saturate first.
+    if (std::isnan(v)) return T(0);
+    if (v >= 9.2233720368547758e18) return static_cast<T>(std::numeric_limits<std::int64_t>::max());
+    if (v <= -9.2233720368547758e18) return static_cast<T>(std::numeric_limits<std::int64_t>::min());
+    return static_cast<T>(static_cast<std::int64_t>(v));
   } else {
     return static_cast<T>(v);
   }

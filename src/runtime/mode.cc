@@ -98,7 +98,9 @@ GlobalStrategy& global_strategy() {
 void experimental_set_strategy(Strategy* strategy) {
   GlobalStrategy& g = global_strategy();
   const std::size_t base = g.scope ? g.depth : 0;
-  if (mode_stack().size() > base || (!g.scope && has_strategy())) {
+  const auto& stack = mode_stack();
+  const bool nested_in_global = g.scope && !stack.empty() && stack.size() == base && stack.back().scope_count > 1;
+  if (stack.size() > base || nested_in_global || (!g.scope && has_strategy())) {
     throw FailedPreconditionError("Must not be called inside a `tf.distribute.Strategy` scope.");
   }
   g.scope.reset();

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "comm/threads/local_group.h"
@@ -18,6 +19,7 @@ struct ReplicaChannel {
   LocalGroup* local = nullptr;
   int depth = 0;               // 0 for a top-level run, +1 per nested call_for_each_replica
   std::uint64_t sequence = 0;  // collectives issued by this replica in this run
+  std::uint64_t data_calls = 0;  // communicator data calls (one per pack / gathered value), for tests and stats
   double stall_warning_seconds = 0;
   // Reused staging buffer for packing several values into one collective.
   std::shared_ptr<std::byte> scratch;
@@ -28,6 +30,7 @@ struct ReplicaChannel {
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.
 struct RunResources {
+  std::mutex mutex;  // held for the whole run
   std::shared_ptr<LocalGroup> local;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<ReplicaChannel> channels;

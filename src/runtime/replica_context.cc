@@ -78,6 +78,7 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
       const Tensor& leaf = leaves[pack.leaves[0]];
       Tensor result = Tensor::uninitialized(leaf.dtype(), leaf.shape(), device);
       ch.comm->all_reduce(leaf.raw_data(), result.mutable_raw_data(), pack.count, pack.dtype, op, call);
+      ++ch.data_calls;
       out[pack.leaves[0]] = std::move(result);
       continue;
     }
@@ -90,6 +91,7 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
     }
     std::shared_ptr<std::byte> result = internal::allocate_storage(pack.count * esz);
     ch.comm->all_reduce(staging, result.get(), pack.count, pack.dtype, op, call);
+    ++ch.data_calls;
     offset = 0;
     for (std::size_t i : pack.leaves) {  // results are views into the pack: no copy back
       std::shared_ptr<std::byte> view(result, result.get() + offset);
@@ -197,10 +199,8 @@ Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, con
     internal::validate_gather_leaf(leaves[i], axis, sig);
     if (!had_error && sig.error_code && !paths[i].empty()) sig.error = "value " + paths[i] + ": " + sig.error;
   }
-  const int rank = leaves.empty() ? 1 : leaves[0].rank();
-  const int norm_axis = axis < 0 ? axis + rank : axis;
   const std::vector<Signature> sigs = agree(ch, sig, call, first_replica_of_group(*this),
-                                            internal::ShapeRule::kAllButAxis, norm_axis, namer_for(paths));
+                                            internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
 
   const std::string& device = strategy_->devices()[static_cast<std::size_t>(local_id_)];
   std::vector<Tensor> out;
@@ -222,6 +222,7 @@ Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, con
     Tensor gathered = Tensor::uninitialized(leaf.dtype(), Shape(dims), device);
     ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), counts, static_cast<std::size_t>(outer),
                           leaf.dtype(), call);
+    ++ch.data_calls;
     out.push_back(std::move(gathered));
   }
   return Nest<Tensor>::pack_sequence_as(value, std::move(out));
@@ -287,8 +288,10 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
       const std::string msg = "merge_fn of replica " + std::to_string(replica_id_) + " (merge_call #" +
                               std::to_string(call.sequence) + ") failed with " + why +
                               "; the other replicas were aborted.";
-      ch.local->abort(ErrorCode::kAborted, msg, local_id_);
-      ch.comm->abort(ErrorCode::kAborted, msg, local_id_);
+      // Release the others (a group of one has nobody waiting, and the default
+      // replica context's group is never reset, so it is left alone).
+      if (ch.local->size() > 1) ch.local->abort(ErrorCode::kAborted, msg, local_id_);
+      if (ch.comm->size() > 1) ch.comm->abort(ErrorCode::kAborted, msg, local_id_);
       throw;
     }
     ch.local->arrive(local_id_, {.object = result}, wait_result);

@@ -183,8 +183,9 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
                                  describe_values(shapes, first) + ".");
     }
     const auto& d0 = s0.leaves[i].dims;
+    const int leaf_axis = axis < 0 ? axis + static_cast<int>(d0.size()) : axis;  // per leaf: ranks may differ between leaves
     for (std::size_t d = 0; d < d0.size(); ++d) {
-      if (rule == ShapeRule::kAllButAxis && static_cast<int>(d) == axis) continue;
+      if (rule == ShapeRule::kAllButAxis && static_cast<int>(d) == leaf_axis) continue;
       if (rule == ShapeRule::kAllButFirst && d == 0) continue;
       bool differ = false;
       for (const auto& s : sigs) differ |= s.leaves[i].dims[d] != d0[d];
@@ -195,7 +196,7 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
       }
       throw InvalidArgumentError(label + ": Shape mismatch: Dimension " + std::to_string(d) + " of " + what +
                                  " must be equal on every replica (" + describe_values(shapes, first) +
-                                 "); only dimension " + std::to_string(rule == ShapeRule::kAllButAxis ? axis : 0) +
+                                 "); only dimension " + std::to_string(rule == ShapeRule::kAllButAxis ? leaf_axis : 0) +
                                  " may differ.");
     }
   }

@@ -55,6 +55,7 @@ using LeafNamer = std::function<std::string(std::size_t)>;
 
 // Throws the agreed error if the signatures disagree or any replica reported a
 // local error. `first_replica` is the global id of member 0 (for messages).
+// `axis` (kAllButAxis) may be negative: it is normalised by each leaf's rank.
 void check_signatures(const std::vector<Signature>& sigs, int first_replica, ShapeRule rule, int axis,
                       const LeafNamer& leaf_name);
 

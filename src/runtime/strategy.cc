@@ -32,7 +32,10 @@ std::byte* ReplicaChannel::scratch_buffer(std::size_t bytes) {
 
 void RunResources::reset() {
   local->reset();
-  for (auto& ch : channels) ch.sequence = 0;
+  for (auto& ch : channels) {
+    ch.sequence = 0;
+    ch.data_calls = 0;
+  }
 }
 
 void RunResources::abort(ErrorCode code, const std::string& message, int origin) noexcept {
@@ -42,7 +45,6 @@ void RunResources::abort(ErrorCode code, const std::string& message, int origin)
 
 struct StrategyState {
   explicit StrategyState(int replicas) : pool(replicas) {}
-  std::mutex run_mutex;
   ReplicaPool pool;
   std::mutex resources_mutex;
   std::vector<std::unique_ptr<RunResources>> by_depth;
@@ -147,10 +149,11 @@ std::string Strategy::describe() const {
 void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api) {
   require_cross_replica_or_default(api);
   const int depth = internal::current_merge_depth(*this) + 1;
-  std::unique_lock<std::mutex> run_lock(state_->run_mutex, std::defer_lock);
-  if (depth == 0) run_lock.lock();  // concurrent top-level runs of one strategy take turns
   const int n = num_local_replicas();
   internal::RunResources& res = state_->resources(depth, n, state_->stall_warning_seconds);
+  // Runs of one strategy at one depth take turns: concurrent top-level runs from
+  // several threads, or nested runs from merge_fns of default contexts on two threads.
+  std::lock_guard<std::mutex> run_lock(res.mutex);
   res.reset();
   StrategyScope scope_guard = scope();
 
@@ -164,6 +167,7 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
     const auto idx = static_cast<std::size_t>(i);
     {
       internal::ModeGuard mode(internal::ModeEntry{this, nullptr, &contexts[idx], 1, -1});
+      internal::DeviceScope device(devices_[idx]);
       try {
         body(contexts[idx]);
       } catch (...) {
@@ -234,7 +238,7 @@ Tensor Strategy::reduce_along_axes(ReduceOp op, const std::vector<Tensor>& compo
     const std::vector<int> norm = internal::normalize_axes(axes, c.rank());
     std::int64_t count = 1;
     for (int a : norm) count *= c.shape()[a];
-    partials.push_back(internal::reduce_axes(c, norm, partial));
+    partials.push_back(internal::reduce_axes(c, norm, partial));  // identity of c's dtype on empty axes
     counts.push_back(scalar(DType::kInt64, static_cast<double>(count)));
   }
   check_components(partials, "reduce (after reducing along the axis)");
@@ -294,7 +298,8 @@ Tensor Strategy::reduce(ReduceOp op, const Mirrored<Tensor>& value, std::optiona
   internal::check_components(value.size(), *this, "reduce");
   check_non_distributed(op, *this, short_text(value.primary()), /*mirrored=*/true);
   if (!axis) return value.primary().clone().with_device(kHostDevice);
-  return reduce_along_axes(op, {value.primary()}, {*axis});
+  // Every component is the same: reducing N copies gives the right MEAN (and MIN, MAX).
+  return reduce_along_axes(op, value.values(), {*axis});
 }
 
 Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axis) {
@@ -315,8 +320,7 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
     sigs[i].leaves.push_back({comps[i].dtype(), comps[i].shape().dims()});
     internal::validate_gather_leaf(comps[i], axis, sigs[i]);
   }
-  const int norm_axis = axis < 0 ? axis + comps[0].rank() : axis;
-  internal::check_signatures(sigs, first_replica_id_, internal::ShapeRule::kAllButAxis, norm_axis, nullptr);
+  internal::check_signatures(sigs, first_replica_id_, internal::ShapeRule::kAllButAxis, axis, nullptr);
   return concat(comps, axis).with_device(kHostDevice);
 }
 

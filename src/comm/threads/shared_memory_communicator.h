@@ -29,7 +29,7 @@ class SharedMemoryCommunicator final : public Communicator {
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                  const CollectiveCall& call, std::int64_t mean_divisor) override;
+                  const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                     DType dtype, const CollectiveCall& call) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;

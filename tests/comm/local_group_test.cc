@@ -1,0 +1,133 @@
+#include "comm/threads/local_group.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "testing/threads.h"
+
+namespace distribute::internal {
+namespace {
+
+using distribute::testing::message_of;
+using distribute::testing::run_threads;
+
+CollectiveCall call(std::string_view op, std::uint64_t seq, double timeout = 10) {
+  CollectiveCall c;
+  c.op = op;
+  c.sequence = seq;
+  c.timeout_seconds = timeout;
+  return c;
+}
+
+TEST(LocalGroupTest, EveryMemberSeesEveryEntryInMemberOrder) {
+  for (int n : {1, 2, 3, 4, 7}) {
+    LocalGroup group(n);
+    auto errors = run_threads(n, [&](int r) {
+      for (int round = 0; round < 50; ++round) {
+        const auto& entries = group.arrive(r, {.payload = std::to_string(r * 1000 + round)}, call("test", 1));
+        ASSERT_EQ(entries.size(), static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q) EXPECT_EQ(entries[static_cast<std::size_t>(q)].payload, std::to_string(q * 1000 + round));
+      }
+    });
+    for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
+  }
+}
+
+TEST(LocalGroupTest, AbortWakesEveryWaiterWithTheSameError) {
+  LocalGroup group(3);
+  std::atomic<int> waiting{0};
+  std::thread aborter([&] {
+    while (waiting.load() < 2) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    group.abort(ErrorCode::kAborted, "replica 2 failed", 2);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_threads(2, [&](int r) {
+    ++waiting;
+    group.arrive(r, {}, call("all_reduce", 1, 0));
+  });
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2000));
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), AbortedError);
+    EXPECT_EQ(message_of(e), "replica 2 failed");
+  }
+  EXPECT_EQ(group.abort_origin(), 2);
+  // A failed group stays failed until reset.
+  EXPECT_THROW(group.arrive(2, {}, call("all_reduce", 1)), AbortedError);
+  group.reset();
+  EXPECT_EQ(group.abort_origin(), -1);
+  auto again = run_threads(3, [&](int r) { group.arrive(r, {}, call("barrier", 1)); });
+  for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
+}
+
+TEST(LocalGroupTest, TimeoutNamesTheMissingMembers) {
+  LocalGroup group(3);
+  auto errors = run_threads(2, [&](int r) { group.arrive(r, {}, call("all_gather", 4, 0.05)); });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), DeadlineExceededError);
+    EXPECT_NE(message_of(e).find("all_gather #4 timed out"), std::string::npos) << message_of(e);
+    EXPECT_NE(message_of(e).find("replica(s) 2 did not arrive"), std::string::npos) << message_of(e);
+  }
+  // The late member gets the same error when it finally arrives.
+  try {
+    group.arrive(2, {}, call("all_gather", 4));
+    FAIL() << "expected DeadlineExceededError";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_EQ(std::string(e.what()), message_of(errors[0]));
+  }
+}
+
+TEST(LocalGroupTest, MemberThatIsDoneFailsTheRoundAtOnce) {
+  LocalGroup group(2);
+  group.mark_done(1);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    group.arrive(0, {}, call("all_reduce", 3, 0));
+    FAIL() << "expected FailedPreconditionError";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce #3 can never complete: replica(s) 1 returned"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+}
+
+TEST(LocalGroupTest, MergeCallCountMismatchUsesTensorFlowsWording) {
+  LocalGroup group(2);
+  group.mark_done(0);
+  try {
+    group.arrive(1, {}, call("merge_call", 2, 0));
+    FAIL() << "expected FailedPreconditionError";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("Some replicas made a different number of replica_context().merge_call() calls"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(LocalGroupTest, StallWarningNamesTheMissingMember) {
+  LocalGroup group(2);
+  ::testing::internal::CaptureStderr();
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    group.arrive(1, {}, call("all_reduce", 1));
+  });
+  CollectiveCall c = call("all_reduce", 1);
+  c.stall_warning_seconds = 0.02;
+  group.arrive(0, {}, c);
+  late.join();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("all_reduce #1 has waited"), std::string::npos) << err;
+  EXPECT_NE(err.find("replica(s) 1 have not joined it"), std::string::npos) << err;
+}
+
+TEST(LocalGroupTest, RejectsNonPositiveSize) { EXPECT_THROW(LocalGroup(0), InvalidArgumentError); }
+
+}  // namespace
+}  // namespace distribute::internal

@@ -1,0 +1,238 @@
+// The threads backend against a plain reference, for every world size, count
+// boundary, dtype and op. Rank r holds x_r[i] = (i % 5) + r (bool: (i + r) % 3 != 0).
+#include "comm/threads/shared_memory_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <tuple>
+
+#include "testing/threads.h"
+
+namespace distribute::internal {
+namespace {
+
+using distribute::testing::message_of;
+using distribute::testing::run_threads;
+
+CollectiveCall call(std::string_view op) {
+  CollectiveCall c;
+  c.op = op;
+  c.sequence = 1;
+  c.timeout_seconds = 30;
+  return c;
+}
+
+double input_value(DType dtype, int rank, std::size_t i) {
+  if (dtype == DType::kBool) return (i + static_cast<std::size_t>(rank)) % 3 != 0 ? 1 : 0;
+  return static_cast<double>(i % 5) + rank;
+}
+
+template <class T>
+T to_dtype(double v) {
+  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+    return T(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v != 0;
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<std::int64_t>(v));  // modular for out-of-range values
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// The reference: combine in double (exact for these small integers), then
+// apply the dtype's rule.
+template <class T>
+T expected_value(ReduceOp op, int n, std::size_t i, DType dtype) {
+  std::vector<double> xs;
+  for (int r = 0; r < n; ++r) xs.push_back(input_value(dtype, r, i));
+  double acc = xs[0];
+  for (int r = 1; r < n; ++r) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMean: acc += xs[static_cast<std::size_t>(r)]; break;
+      case ReduceOp::kProduct: acc *= xs[static_cast<std::size_t>(r)]; break;
+      case ReduceOp::kMin: acc = std::min(acc, xs[static_cast<std::size_t>(r)]); break;
+      case ReduceOp::kMax: acc = std::max(acc, xs[static_cast<std::size_t>(r)]); break;
+    }
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMax: return acc != 0;
+      case ReduceOp::kMean: return std::trunc(acc / n) != 0;
+      default: return acc != 0;
+    }
+  } else if constexpr (std::is_integral_v<T>) {
+    if (op == ReduceOp::kMean) return to_dtype<T>(std::trunc(acc / n));
+    return to_dtype<T>(acc);
+  } else {
+    if (op == ReduceOp::kMean) acc /= n;
+    return to_dtype<T>(acc);
+  }
+}
+
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+using AllReduceParam = std::tuple<int, std::size_t, DType, ReduceOp>;
+
+class AllReduceTest : public ::testing::TestWithParam<AllReduceParam> {};
+
+TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
+  const auto [n, count, dtype, op] = GetParam();
+  for (bool in_place : {false, true}) {
+    auto group = std::make_shared<LocalGroup>(n);
+    std::vector<std::vector<std::byte>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+    const std::size_t esz = size_of(dtype);
+    for (int r = 0; r < n; ++r) {
+      send[static_cast<std::size_t>(r)].resize(count * esz + 1);
+      recv[static_cast<std::size_t>(r)].resize(count * esz + 1);
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        auto* p = reinterpret_cast<T*>(send[static_cast<std::size_t>(r)].data());
+        for (std::size_t i = 0; i < count; ++i) p[i] = to_dtype<T>(input_value(dtype, r, i));
+      });
+    }
+    auto errors = run_threads(n, [&](int r) {
+      SharedMemoryCommunicator comm(group, r);
+      auto& s = send[static_cast<std::size_t>(r)];
+      void* out = in_place ? static_cast<void*>(s.data()) : recv[static_cast<std::size_t>(r)].data();
+      comm.all_reduce(s.data(), out, count, dtype, op, call("all_reduce"));
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+    visit_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      for (int r = 0; r < n; ++r) {
+        const auto& buf = in_place ? send[static_cast<std::size_t>(r)] : recv[static_cast<std::size_t>(r)];
+        const T* p = reinterpret_cast<const T*>(buf.data());
+        for (std::size_t i = 0; i < count; ++i) {
+          const T want = expected_value<T>(op, n, i, dtype);
+          ASSERT_TRUE(same_bits(p[i], want))
+              << "rank " << r << " element " << i << " dtype " << to_string(dtype) << " op " << to_string(op)
+              << " in_place " << in_place;
+        }
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, AllReduceTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values<std::size_t>(0, 1, 7, 1000, 65537),
+                       ::testing::ValuesIn(kAllDTypes), ::testing::ValuesIn(kAllReduceOps)),
+    [](const auto& p) {
+      return "n" + std::to_string(std::get<0>(p.param)) + "_count" + std::to_string(std::get<1>(p.param)) + "_" +
+             std::string(to_string(std::get<2>(p.param))) + "_" + std::string(to_string(std::get<3>(p.param)));
+    });
+
+class GatherTest : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+
+// Rank r contributes outer rows of (r + base) int32 elements each, valued
+// r*1e6 + o*1e3 + j.
+TEST_P(GatherTest, RaggedRowsLandInRankOrderWithinEachOuterRow) {
+  const auto [n, outer] = GetParam();
+  for (std::size_t base : {0u, 3u}) {
+    auto group = std::make_shared<LocalGroup>(n);
+    std::vector<std::size_t> counts;
+    std::size_t row = 0;
+    for (int r = 0; r < n; ++r) {
+      counts.push_back(static_cast<std::size_t>(r) + base);
+      row += counts.back();
+    }
+    std::vector<std::vector<std::int32_t>> recv(static_cast<std::size_t>(n), std::vector<std::int32_t>(outer * row + 1));
+    auto errors = run_threads(n, [&](int r) {
+      std::vector<std::int32_t> send;
+      for (std::size_t o = 0; o < outer; ++o) {
+        for (std::size_t j = 0; j < counts[static_cast<std::size_t>(r)]; ++j) {
+          send.push_back(static_cast<std::int32_t>(r * 1000000 + static_cast<int>(o) * 1000 + static_cast<int>(j)));
+        }
+      }
+      SharedMemoryCommunicator comm(group, r);
+      comm.all_gather_v(send.data(), recv[static_cast<std::size_t>(r)].data(), counts, outer, DType::kInt32,
+                        call("all_gather"));
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+    for (int r = 0; r < n; ++r) {
+      std::size_t k = 0;
+      for (std::size_t o = 0; o < outer; ++o) {
+        for (int q = 0; q < n; ++q) {
+          for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
+            ASSERT_EQ(recv[static_cast<std::size_t>(r)][k], q * 1000000 + static_cast<int>(o) * 1000 + static_cast<int>(j))
+                << "rank " << r << " outer " << o << " from " << q << " j " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, GatherTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values<std::size_t>(0, 1, 5)));
+
+TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
+  for (int n : {1, 2, 3, 7}) {
+    for (int root = 0; root < n; ++root) {
+      auto group = std::make_shared<LocalGroup>(n);
+      std::vector<std::vector<double>> bufs(static_cast<std::size_t>(n), std::vector<double>(100));
+      for (int r = 0; r < n; ++r) {
+        for (int i = 0; i < 100; ++i) bufs[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] = r * 1000 + i;
+      }
+      auto errors = run_threads(n, [&](int r) {
+        SharedMemoryCommunicator comm(group, r);
+        comm.broadcast(bufs[static_cast<std::size_t>(r)].data(), 100, DType::kFloat64, root, call("broadcast"));
+        comm.barrier(call("barrier"));
+      });
+      for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+      for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[static_cast<std::size_t>(r)], bufs[static_cast<std::size_t>(root)]);
+    }
+  }
+}
+
+TEST(ExchangeTest, ReturnsEveryPayloadInRankOrderRepeatedly) {
+  const int n = 4;
+  auto group = std::make_shared<LocalGroup>(n);
+  auto errors = run_threads(n, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    EXPECT_EQ(comm.rank(), r);
+    EXPECT_EQ(comm.size(), n);
+    EXPECT_EQ(comm.backend_name(), "threads");
+    for (int round = 0; round < 100; ++round) {
+      auto all = comm.exchange(std::string(static_cast<std::size_t>(r + 1), static_cast<char>('a' + round % 26)),
+                               call("exchange"));
+      ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+      for (int q = 0; q < n; ++q) {
+        EXPECT_EQ(all[static_cast<std::size_t>(q)],
+                  std::string(static_cast<std::size_t>(q + 1), static_cast<char>('a' + round % 26)));
+      }
+    }
+  });
+  for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
+}
+
+TEST(AllReduceAbortTest, AbortReleasesRanksWaitingInAllReduce) {
+  auto group = std::make_shared<LocalGroup>(3);
+  std::vector<float> data(16, 1.f);
+  auto errors = run_threads(2, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      comm.abort(ErrorCode::kAborted, "stop", 1);
+      return;
+    }
+    std::vector<float> out(16);
+    CollectiveCall c = call("all_reduce");
+    c.timeout_seconds = 0;
+    comm.all_reduce(data.data(), out.data(), 16, DType::kFloat32, ReduceOp::kSum, c);
+  });
+  ASSERT_TRUE(errors[0]);
+  EXPECT_THROW(std::rethrow_exception(errors[0]), AbortedError);
+}
+
+}  // namespace
+}  // namespace distribute::internal

@@ -1,0 +1,185 @@
+// ReplicaContext::all_gather: ragged along any axis, nests, every dtype, and
+// the argument errors, which every replica must report identically.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "testing/strategies.h"
+
+namespace distribute {
+namespace {
+
+using N = Nest<Tensor>;
+
+// Replica r's value: shape with dims[axis] = r + extra, elements 12r + i (small enough for int8).
+Tensor ragged_value(DType dtype, std::vector<std::int64_t> dims, int axis, int r, std::int64_t extra) {
+  const int a = axis < 0 ? axis + static_cast<int>(dims.size()) : axis;
+  dims[static_cast<std::size_t>(a)] = r + extra;
+  return iota(dtype, Shape(dims), dtype == DType::kBool ? r % 2 : r * 12.0,
+              dtype == DType::kBool ? 0 : 1);
+}
+
+class AllGatherAxisTest : public ::testing::TestWithParam<std::tuple<int, int, DType>> {};
+
+TEST_P(AllGatherAxisTest, EqualsConcatOfEveryReplicasValueInOrder) {
+  const auto [n, axis, dtype] = GetParam();
+  const std::vector<std::int64_t> dims = {2, 3, 2};
+  auto s = testing::mirrored(n);
+  for (std::int64_t extra : {0, 1}) {
+    auto r = s->run([&, extra = extra](ReplicaContext& ctx) {
+      return ctx.all_gather(ragged_value(dtype, dims, axis, ctx.replica_id_in_sync_group(), extra), axis);
+    });
+    std::vector<Tensor> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(ragged_value(dtype, dims, axis, q, extra));
+    const Tensor want = concat(parts, axis);
+    for (int q = 0; q < n; ++q) {
+      EXPECT_EQ(r[static_cast<std::size_t>(q)], want) << "replica " << q;
+      EXPECT_EQ(r[static_cast<std::size_t>(q)].device(), s->devices()[static_cast<std::size_t>(q)]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, AllGatherAxisTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values(0, 1, 2, -1),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         [](const auto& p) {
+                           const int axis = std::get<1>(p.param);
+                           return "n" + std::to_string(std::get<0>(p.param)) + "_axis" +
+                                  (axis < 0 ? "m" + std::to_string(-axis) : std::to_string(axis)) + "_" +
+                                  std::string(to_string(std::get<2>(p.param)));
+                         });
+
+TEST(AllGatherTest, ShapesFromTheSeedDocstring) {
+  // Components of shape (1, 2, 3) and (1, 3, 3) gather along axis 1, not 0 or 2.
+  auto s = testing::mirrored(2);
+  auto value = [](int r) { return fill(DType::kFloat32, Shape{1, r == 0 ? 2 : 3, 3}, r); };
+  auto ok = s->run([&](ReplicaContext& ctx) { return ctx.all_gather(value(ctx.replica_id_in_sync_group()), 1); });
+  EXPECT_EQ(ok[0].shape(), (Shape{1, 5, 3}));
+  for (int axis : {0, 2}) {
+    auto msg = testing::expect_throw<InvalidArgumentError>(
+        [&] { s->run([&](ReplicaContext& ctx) { ctx.all_gather(value(ctx.replica_id_in_sync_group()), axis); }); });
+    EXPECT_NE(msg.find("Shape mismatch: Dimension 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("replica 0: (1, 2, 3); replica 1: (1, 3, 3)"), std::string::npos) << msg;
+  }
+}
+
+// Each error case: every replica must throw the same type and message.
+template <class E>
+void expect_same_error_on_every_replica(int n, const std::function<void(ReplicaContext&)>& body,
+                                        const std::string& fragment) {
+  auto s = testing::mirrored(n);
+  std::vector<std::string> messages(static_cast<std::size_t>(n));
+  std::vector<int> caught(static_cast<std::size_t>(n), 0);
+  s->run([&](ReplicaContext& ctx) {
+    const auto i = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+    try {
+      body(ctx);
+    } catch (const E& e) {
+      messages[i] = e.what();
+      caught[i] = 1;
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(caught[static_cast<std::size_t>(r)], 1) << "replica " << r << " did not throw";
+    EXPECT_EQ(messages[static_cast<std::size_t>(r)], messages[0]) << "replica " << r;
+  }
+  EXPECT_NE(messages[0].find(fragment), std::string::npos) << messages[0];
+  // The strategy is usable at once.
+  auto again = s->run([](ReplicaContext& ctx) { return ctx.all_gather(constant({1}), 0); });
+  EXPECT_EQ(again[0].num_elements(), n);
+}
+
+TEST(AllGatherErrorsTest, RankZeroOnOneReplica) {
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      3,
+      [](ReplicaContext& ctx) {
+        ctx.all_gather(ctx.replica_id_in_sync_group() == 1 ? constant(1) : constant({1}), 0);
+      },
+      "all_gather #1 on replica 1: all_gather needs a value of rank >= 1");
+}
+
+TEST(AllGatherErrorsTest, AxisOutOfRange) {
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2, [](ReplicaContext& ctx) { ctx.all_gather(constant({{1, 2}}), 2); },
+      "axis 2 is out of range for a value of shape (1, 2)");
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2, [](ReplicaContext& ctx) { ctx.all_gather(constant({{1, 2}}), -3); }, "axis -3 is out of range");
+}
+
+TEST(AllGatherErrorsTest, MismatchedRankDtypeAndDims) {
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_gather(ctx.replica_id_in_sync_group() == 0 ? constant({1}) : constant({{1}}), 0);
+      },
+      "Ranks of all input tensors should match");
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_gather(ctx.replica_id_in_sync_group() == 0 ? constant({1}) : constant({1.f}), 0);
+      },
+      "has different dtypes on different replicas (replica 0: int32; replica 1: float32)");
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2,
+      [](ReplicaContext& ctx) {
+        N v = N::dict({{"a", constant({1})},
+                       {"b", N::list({constant({{1, 2}}), ctx.replica_id_in_sync_group() == 0
+                                                              ? constant({{1, 2}})
+                                                              : constant({{1, 2, 3}})})}});
+        ctx.all_gather(v, 0);
+      },
+      "Dimension 1 of value ['b'][1] must be equal on every replica");
+}
+
+TEST(AllGatherErrorsTest, DifferentStructuresOrAxes) {
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2,
+      [](ReplicaContext& ctx) {
+        if (ctx.replica_id_in_sync_group() == 0) {
+          ctx.all_gather(N::list({constant({1}), constant({2})}), 0);
+        } else {
+          ctx.all_gather(N::list({constant({1})}), 0);
+        }
+      },
+      "different structure");
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      2, [](ReplicaContext& ctx) { ctx.all_gather(constant({{1}}), ctx.replica_id_in_sync_group()); },
+      "different axis");
+}
+
+TEST(AllGatherErrorsTest, IndexedSlicesAreRejectedAsTensorFlowDoes) {
+  expect_same_error_on_every_replica<UnimplementedError>(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_gather(IndexedSlices(constant({{1.f}}), constant({0}), Shape{1, 1}), 0);
+      },
+      "all_gather does not support IndexedSlices");
+}
+
+TEST(AllGatherTest, NegativeAxisIsPerValueInANestOfDifferentRanks) {
+  auto s = testing::mirrored(2);
+  auto r = s->run([](ReplicaContext& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    // axis -1 is dimension 0 of the vector and dimension 1 of the matrix
+    return ctx.all_gather({fill(DType::kInt32, Shape{id + 1}, id), fill(DType::kInt32, Shape{2, id + 1}, id)}, -1);
+  });
+  EXPECT_EQ(r[0][0], constant({0, 1, 1}));
+  EXPECT_EQ(r[1][1], constant({{0, 1, 1}, {0, 1, 1}}));
+}
+
+TEST(AllGatherTest, NestOfManyValuesAndEmptyParts) {
+  auto s = testing::mirrored(3);
+  auto r = s->run([](ReplicaContext& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    std::vector<Tensor> values;
+    for (int k = 0; k < 20; ++k) values.push_back(fill(DType::kInt64, Shape{id, 2}, k));  // replica 0 has 0 rows
+    return ctx.all_gather(values, 0);
+  });
+  for (const auto& local : r.values()) {
+    ASSERT_EQ(local.size(), 20u);
+    EXPECT_EQ(local[7], fill(DType::kInt64, Shape{3, 2}, 7));
+  }
+}
+
+}  // namespace
+}  // namespace distribute

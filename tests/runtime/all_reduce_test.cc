@@ -1,0 +1,237 @@
+// ReplicaContext::all_reduce: every dtype and op on 1, 2, 3, 4 and 7 replicas,
+// counts 0 and 1, nests, packing, IndexedSlices and bit-identical results.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+
+#include "runtime/packing.h"
+#include "runtime/replica_channel.h"
+#include "runtime/runtime_util.h"
+#include "testing/strategies.h"
+
+namespace distribute {
+namespace {
+
+using N = Nest<Tensor>;
+
+// Replica r holds x[i] = i % 4 + r + 1 (bool: (i + r) % 2 == 0).
+double input_value(DType dtype, int replica, std::int64_t i) {
+  return dtype == DType::kBool ? ((i + replica) % 2 == 0) : static_cast<double>(i % 4 + replica + 1);
+}
+
+Tensor input(DType dtype, int replica, std::int64_t count) {
+  Tensor t(dtype, Shape{count});
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::memcpy(static_cast<std::byte*>(t.mutable_raw_data()) + i * static_cast<std::int64_t>(size_of(dtype)),
+                scalar(dtype, input_value(dtype, replica, i)).raw_data(), size_of(dtype));
+  }
+  return t;
+}
+
+// The expected value, by the documented rules, computed in double (exact here).
+double expected(DType dtype, ReduceOp op, int n, std::int64_t i) {
+  double acc = input_value(dtype, 0, i);
+  for (int r = 1; r < n; ++r) {
+    const double x = input_value(dtype, r, i);
+    if (op == ReduceOp::kSum || op == ReduceOp::kMean) acc += x;
+    if (op == ReduceOp::kProduct) acc *= x;
+    if (op == ReduceOp::kMin) acc = std::min(acc, x);
+    if (op == ReduceOp::kMax) acc = std::max(acc, x);
+  }
+  if (op == ReduceOp::kMean) acc = is_floating(dtype) ? acc / n : std::trunc(acc / n);
+  if (dtype == DType::kBool) return acc != 0;
+  return scalar(dtype, acc).element_as_double(0);  // rounds to the dtype
+}
+
+class AllReduceDTypeOpTest : public ::testing::TestWithParam<std::tuple<int, DType, ReduceOp>> {};
+
+TEST_P(AllReduceDTypeOpTest, MatchesTheRulesOnEveryReplicaBitForBit) {
+  const auto [n, dtype, op] = GetParam();
+  auto s = testing::mirrored(n);
+  for (std::int64_t count : {0, 1, 5, 1031}) {
+    auto r = s->run([&, count = count](ReplicaContext& ctx) {
+      return ctx.all_reduce(op, input(dtype, ctx.replica_id_in_sync_group(), count));
+    });
+    const Tensor& first = r[0];
+    ASSERT_EQ(first.dtype(), dtype);
+    ASSERT_EQ(first.shape(), (Shape{count}));
+    for (std::int64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(first.element_as_double(i), expected(dtype, op, n, i)) << "element " << i;
+    }
+    for (int k = 1; k < n; ++k) {
+      EXPECT_EQ(r[static_cast<std::size_t>(k)], first) << "replica " << k << " differs from replica 0";
+      EXPECT_EQ(r[static_cast<std::size_t>(k)].device(), s->devices()[static_cast<std::size_t>(k)]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceDTypeOpTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::ValuesIn(kAllDTypes),
+                                            ::testing::ValuesIn(kAllReduceOps)),
+                         [](const auto& p) {
+                           return "n" + std::to_string(std::get<0>(p.param)) + "_" +
+                                  std::string(to_string(std::get<1>(p.param))) + "_" +
+                                  std::string(to_string(std::get<2>(p.param)));
+                         });
+
+TEST(AllReduceTest, IntegerMeanKeepsDtypeAndTruncatesTowardZero) {
+  auto s = testing::mirrored(2);
+  auto r = s->run([](ReplicaContext& ctx) {
+    const bool first = ctx.replica_id_in_sync_group() == 0;
+    return ctx.all_reduce(ReduceOp::kMean, first ? constant({1, -1, 127}) : constant({2, -2, 126}));
+  });
+  EXPECT_EQ(r[0], constant({1, -1, 126}));
+  auto bytes = s->run([](ReplicaContext& ctx) {
+    const std::int8_t v = ctx.replica_id_in_sync_group() == 0 ? 127 : 125;
+    return ctx.all_reduce(ReduceOp::kMean, constant(std::vector<std::int8_t>{v}, Shape{1}));
+  });
+  EXPECT_EQ(bytes[1], constant(std::vector<std::int8_t>{126}, Shape{1}));  // no overflow in the int8 sum
+}
+
+TEST(AllReduceTest, NestedStructureKeepsStructureAndDtypes) {
+  auto s = testing::mirrored(3);
+  auto r = s->run([](ReplicaContext& ctx) {
+    const float id = static_cast<float>(ctx.replica_id_in_sync_group());
+    N value = N::dict({{"w", N::list({constant({id, 1.f}), constant(std::vector<std::int64_t>{2}, Shape{1})})},
+                       {"b", N::tuple({constant(1.0), constant(true)})}});
+    return ctx.all_reduce(ReduceOp::kSum, value);
+  });
+  for (const auto& local : r.values()) {
+    EXPECT_EQ(local.structure_string(), "{'b': (*, *), 'w': [*, *]}");
+    EXPECT_EQ(local["w"][0].leaf(), constant({3.f, 3.f}));
+    EXPECT_EQ(local["w"][1].leaf(), constant(std::vector<std::int64_t>{6}, Shape{1}));
+    EXPECT_EQ(local["b"][0].leaf(), constant(3.0));
+    EXPECT_EQ(local["b"][1].leaf(), constant(true));
+  }
+}
+
+TEST(AllReduceTest, EmptyNestAndEmptyTensors) {
+  auto s = testing::mirrored(2);
+  auto r = s->run([](ReplicaContext& ctx) {
+    auto empty_list = ctx.all_reduce(ReduceOp::kSum, std::vector<Tensor>{});
+    EXPECT_TRUE(empty_list.empty());
+    return ctx.all_reduce(ReduceOp::kSum, Tensor(DType::kFloat32, Shape{0, 3}));
+  });
+  EXPECT_EQ(r[1].shape(), (Shape{0, 3}));
+}
+
+TEST(PackingTest, GroupsByDtypeWithTensorFlowsSizeRule) {
+  auto f = [](std::int64_t n) { return Tensor(DType::kFloat32, Shape{n}); };
+  auto i = [](std::int64_t n) { return Tensor(DType::kInt32, Shape{n}); };
+  // float32: 4, 8, 4, 12 bytes ... with bytes_per_pack 8: a pack closes once it holds more than 8 bytes.
+  std::vector<Tensor> values = {f(1), i(1), f(2), f(1), i(3), f(3), f(1)};
+  auto packs = internal::plan_packs(values, 8);
+  ASSERT_EQ(packs.size(), 4u);
+  EXPECT_EQ(packs[0].dtype, DType::kFloat32);
+  EXPECT_EQ(packs[0].leaves, (std::vector<std::size_t>{0, 2}));     // 4 + 8 = 12 > 8: closed
+  EXPECT_EQ(packs[1].leaves, (std::vector<std::size_t>{3, 5}));     // 4 + 12 = 16
+  EXPECT_EQ(packs[2].leaves, (std::vector<std::size_t>{6}));
+  EXPECT_EQ(packs[3].dtype, DType::kInt32);
+  EXPECT_EQ(packs[3].leaves, (std::vector<std::size_t>{1, 4}));
+  EXPECT_EQ(packs[3].count, 4u);
+  auto one_per_dtype = internal::plan_packs(values, 0);
+  ASSERT_EQ(one_per_dtype.size(), 2u);
+  EXPECT_EQ(one_per_dtype[0].leaves.size(), 5u);
+  EXPECT_TRUE(internal::plan_packs({}, 0).empty());
+}
+
+TEST(AllReduceTest, OneCollectivePerPack) {
+  auto s = testing::mirrored(2);
+  for (auto [bytes_per_pack, want_calls] : std::vector<std::pair<std::int64_t, std::uint64_t>>{
+           {0, 2}, {4096, 101}, {8192, 68}, {1 << 20, 2}}) {
+    auto r = s->run([&, b = bytes_per_pack](ReplicaContext& ctx) {
+      std::vector<Tensor> grads;
+      for (int k = 0; k < 200; ++k) grads.push_back(fill(DType::kFloat32, Shape{1024}, k));
+      grads.push_back(constant({1, 2}));  // an int32 value: its own pack
+      auto out = ctx.all_reduce(ReduceOp::kMean, grads, {.bytes_per_pack = b});
+      for (int k = 0; k < 200; ++k) EXPECT_EQ(out[static_cast<std::size_t>(k)], fill(DType::kFloat32, Shape{1024}, k));
+      EXPECT_EQ(out[200], constant({1, 2}));
+      return ctx.channel().data_calls;
+    });
+    EXPECT_EQ(r[0], want_calls) << "bytes_per_pack " << bytes_per_pack;
+  }
+}
+
+TEST(AllReduceTest, IndexedSlicesConcatenateInReplicaOrder) {
+  for (int n : {1, 2, 3}) {
+    auto s = testing::mirrored(n);
+    auto r = s->run([](ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      // replica r contributes r + 1 rows, all with index r
+      std::vector<float> rows;
+      std::vector<std::int64_t> idx;
+      for (int k = 0; k <= id; ++k) {
+        rows.insert(rows.end(), {static_cast<float>(id), static_cast<float>(k)});
+        idx.push_back(id);
+      }
+      IndexedSlices g(constant(rows, Shape{id + 1, 2}), constant(idx, Shape{id + 1}), Shape{5, 2});
+      return std::make_pair(ctx.all_reduce(ReduceOp::kSum, g), ctx.all_reduce(ReduceOp::kMean, g));
+    });
+    for (int k = 0; k < n; ++k) {
+      const IndexedSlices& sum = r[static_cast<std::size_t>(k)].first;
+      const IndexedSlices& mean = r[static_cast<std::size_t>(k)].second;
+      EXPECT_EQ(sum.dense_shape(), (Shape{5, 2}));
+      std::vector<float> want_rows;
+      std::vector<std::int64_t> want_idx;
+      for (int q = 0; q < n; ++q) {
+        for (int j = 0; j <= q; ++j) {
+          want_rows.insert(want_rows.end(), {static_cast<float>(q), static_cast<float>(j)});
+          want_idx.push_back(q);
+        }
+      }
+      const auto rows = static_cast<std::int64_t>(want_idx.size());
+      EXPECT_EQ(sum.values(), constant(want_rows, Shape{rows, 2}));
+      EXPECT_EQ(sum.indices(), constant(want_idx, Shape{rows}));
+      for (float& v : want_rows) v /= static_cast<float>(n);
+      EXPECT_EQ(mean.values(), constant(want_rows, Shape{rows, 2}));
+    }
+  }
+}
+
+TEST(AllReduceTest, IndexedSlicesRejectMinAndMismatchedDenseShapes) {
+  auto s = testing::mirrored(2);
+  auto msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      IndexedSlices g(constant({{1.f}}), constant({0}), Shape{ctx.replica_id_in_sync_group() + 2, 1});
+      ctx.all_reduce(ReduceOp::kSum, g);
+    });
+  });
+  EXPECT_NE(msg.find("dense_shape"), std::string::npos) << msg;
+  EXPECT_THROW(s->run([](ReplicaContext& ctx) {
+    ctx.all_reduce(ReduceOp::kMin, IndexedSlices(constant({{1.f}}), constant({0}), Shape{2, 1}));
+  }),
+               InvalidArgumentError);
+}
+
+TEST(AllReduceTest, ResultsAreTheSameRunToRun) {
+  auto s = testing::mirrored(4);
+  auto once = [&] {
+    return s->run([](ReplicaContext& ctx) {
+      Tensor x = iota(DType::kFloat32, Shape{4096}, 0.1 * (ctx.replica_id_in_sync_group() + 1), 1e-3);
+      return ctx.all_reduce(ReduceOp::kMean, x);
+    });
+  };
+  const auto a = once();
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(once()[3], a[0]);
+}
+
+TEST(AllReduceTest, NcclFallsBackToRingAndSaysSoOnce) {
+  auto s = testing::mirrored(2);
+  internal::reset_implementation_notice_for_testing();
+  ::testing::internal::CaptureStderr();
+  for (int k = 0; k < 3; ++k) {
+    auto r = s->run([](ReplicaContext& ctx) {
+      return ctx.all_reduce(ReduceOp::kSum, constant(1.f), {.implementation = CommunicationImplementation::kNccl});
+    });
+    EXPECT_EQ(r[0], constant(2.f));
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const auto first = err.find("falling back to kRing");
+  EXPECT_NE(first, std::string::npos) << err;
+  EXPECT_EQ(err.find("falling back to kRing", first + 1), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace distribute

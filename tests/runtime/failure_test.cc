@@ -1,0 +1,291 @@
+// Where TensorFlow hangs or corrupts, distribute raises the same clear error on
+// every replica, and the strategy runs again afterwards.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "testing/strategies.h"
+
+namespace distribute {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Outcome {
+  std::string type;  // "" when the replica returned normally
+  std::string message;
+};
+
+// Runs body on every replica of s, recording what each replica threw; returns
+// the outcomes and what run() itself threw.
+std::pair<std::vector<Outcome>, Outcome> run_and_record(Strategy& s, const std::function<void(ReplicaContext&)>& body) {
+  std::vector<Outcome> outcomes(static_cast<std::size_t>(s.num_replicas_in_sync()));
+  Outcome from_run;
+  try {
+    s.run([&](ReplicaContext& ctx) {
+      auto& o = outcomes[static_cast<std::size_t>(ctx.replica_id_in_sync_group())];
+      try {
+        body(ctx);
+      } catch (const Error& e) {
+        o = {std::string(to_string(e.code())), e.what()};
+        throw;
+      } catch (const std::exception& e) {
+        o = {"std::exception", e.what()};
+        throw;
+      }
+    });
+  } catch (const Error& e) {
+    from_run = {std::string(to_string(e.code())), e.what()};
+  } catch (const std::exception& e) {
+    from_run = {"std::exception", e.what()};
+  }
+  return {outcomes, from_run};
+}
+
+void expect_usable(Strategy& s) {
+  auto r = s.run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1)); });
+  for (const auto& t : r.values()) EXPECT_EQ(t, constant(s.num_replicas_in_sync()));
+}
+
+TEST(FailureTest, ReplicaThrowsWhileOthersWaitWithoutTimeout) {
+  for (int n : {2, 3, 4, 7}) {
+    auto s = std::make_unique<MirroredStrategy>(testing::cpu_devices(n));  // no timeout at all
+    Clock::time_point thrown_at;
+    std::mutex mu;
+    std::vector<Clock::time_point> released(static_cast<std::size_t>(n));
+    auto [outcomes, from_run] = run_and_record(*s, [&](ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      if (id == n - 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the others block first
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          thrown_at = Clock::now();
+        }
+        throw std::out_of_range("index 7 past the end");
+      }
+      try {
+        ctx.all_reduce(ReduceOp::kSum, constant(1.f));
+      } catch (...) {
+        released[static_cast<std::size_t>(id)] = Clock::now();
+        throw;
+      }
+    });
+    EXPECT_EQ(from_run.type, "std::exception");  // run rethrows the original exception
+    EXPECT_EQ(from_run.message, "index 7 past the end");
+    for (int r = 0; r + 1 < n; ++r) {
+      const auto& o = outcomes[static_cast<std::size_t>(r)];
+      EXPECT_EQ(o.type, "AbortedError") << "replica " << r;
+      EXPECT_NE(o.message.find("Replica " + std::to_string(n - 1) + " failed with std::out_of_range: index 7 past the end"),
+                std::string::npos)
+          << o.message;
+      EXPECT_LT(released[static_cast<std::size_t>(r)] - thrown_at, std::chrono::milliseconds(100)) << "replica " << r;
+    }
+    expect_usable(*s);
+  }
+}
+
+TEST(FailureTest, ReplicaThrowsTypedErrorAfterACollective) {
+  auto s = testing::mirrored(3);
+  auto [outcomes, from_run] = run_and_record(*s, [](ReplicaContext& ctx) {
+    ctx.all_reduce(ReduceOp::kSum, constant(1));
+    if (ctx.replica_id_in_sync_group() == 1) throw InvalidArgumentError("bad batch");
+    ctx.all_gather(constant({1}), 0);
+  });
+  EXPECT_EQ(from_run.type, "InvalidArgumentError");
+  EXPECT_EQ(from_run.message, "bad batch");
+  EXPECT_EQ(outcomes[0].type, "AbortedError");
+  EXPECT_NE(outcomes[0].message.find("Replica 1 failed with InvalidArgumentError: bad batch"), std::string::npos);
+  EXPECT_EQ(outcomes[2].message, outcomes[0].message);
+  expect_usable(*s);
+}
+
+// Every replica raises the same error, before any data moves.
+void expect_collective_error(int n, const std::function<void(ReplicaContext&)>& body, const std::string& type,
+                             const std::string& fragment) {
+  auto s = testing::mirrored(n);
+  auto [outcomes, from_run] = run_and_record(*s, body);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(outcomes[static_cast<std::size_t>(r)].type, type) << "replica " << r;
+    EXPECT_EQ(outcomes[static_cast<std::size_t>(r)].message, outcomes[0].message) << "replica " << r;
+  }
+  EXPECT_NE(outcomes[0].message.find(fragment), std::string::npos) << outcomes[0].message;
+  EXPECT_EQ(from_run.message, outcomes[0].message);
+  expect_usable(*s);
+}
+
+TEST(FailureTest, DifferentCollectives) {
+  expect_collective_error(
+      3,
+      [](ReplicaContext& ctx) {
+        if (ctx.replica_id_in_sync_group() == 1) {
+          ctx.all_gather(constant({1.f}), 0);
+        } else {
+          ctx.all_reduce(ReduceOp::kSum, constant({1.f}));
+        }
+      },
+      "FailedPreconditionError",
+      "Collective mismatch: the replicas called different collectives (replicas 0, 2: all_reduce #1; replica 1: "
+      "all_gather #1)");
+}
+
+TEST(FailureTest, DifferentOrder) {
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        if (ctx.replica_id_in_sync_group() == 0) {
+          ctx.all_reduce(ReduceOp::kSum, constant(1));
+          ctx.all_gather(constant({1}), 0);
+        } else {
+          ctx.all_gather(constant({1}), 0);
+          ctx.all_reduce(ReduceOp::kSum, constant(1));
+        }
+      },
+      "FailedPreconditionError", "Collective mismatch");
+}
+
+TEST(FailureTest, DifferentDtypes) {
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_reduce(ReduceOp::kSum, ctx.replica_id_in_sync_group() == 0 ? constant(1) : constant(1.f));
+      },
+      "InvalidArgumentError", "all_reduce #1: the value has different dtypes on different replicas");
+}
+
+TEST(FailureTest, DifferentShapes) {
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_reduce(ReduceOp::kSum, ctx.replica_id_in_sync_group() == 0 ? constant({1, 2}) : constant({1, 2, 3}));
+      },
+      "InvalidArgumentError", "has different shapes on different replicas (replica 0: (2,); replica 1: (3,))");
+}
+
+TEST(FailureTest, DifferentStructures) {
+  using N = Nest<Tensor>;
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        N v = ctx.replica_id_in_sync_group() == 0 ? N::dict({{"a", constant(1)}}) : N::dict({{"b", constant(1)}});
+        ctx.all_reduce(ReduceOp::kSum, v);
+      },
+      "InvalidArgumentError", "different structure (replica 0: {'a': *}; replica 1: {'b': *})");
+}
+
+TEST(FailureTest, DifferentReduceOps) {
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_reduce(ctx.replica_id_in_sync_group() == 0 ? ReduceOp::kSum : ReduceOp::kMean, constant(1.f));
+      },
+      "InvalidArgumentError", "different reduce op (replica 0: SUM; replica 1: MEAN)");
+}
+
+TEST(FailureTest, InvalidOptionsOnOneReplica) {
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_reduce(ReduceOp::kSum, constant(1.f),
+                       {.bytes_per_pack = ctx.replica_id_in_sync_group() == 1 ? -5 : 0});
+      },
+      "InvalidArgumentError", "all_reduce #1 on replica 1: Argument `bytes_per_pack` must be >=0, Received -5.");
+}
+
+TEST(FailureTest, SkippedCollectiveRaisesAtOnce) {
+  for (int n : {2, 4}) {
+    auto s = std::make_unique<MirroredStrategy>(testing::cpu_devices(n));  // no timeout
+    const auto start = Clock::now();
+    auto [outcomes, from_run] = run_and_record(*s, [](ReplicaContext& ctx) {
+      ctx.all_reduce(ReduceOp::kSum, constant(1));
+      if (ctx.replica_id_in_sync_group() == 0) return;  // skips the second collective
+      ctx.all_reduce(ReduceOp::kSum, constant(1));
+    });
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    EXPECT_EQ(outcomes[0].type, "");
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(outcomes[static_cast<std::size_t>(r)].type, "FailedPreconditionError");
+      EXPECT_NE(outcomes[static_cast<std::size_t>(r)].message.find(
+                    "all_reduce #2 can never complete: replica(s) 0 returned from the replica function without calling it"),
+                std::string::npos)
+          << outcomes[static_cast<std::size_t>(r)].message;
+    }
+    EXPECT_EQ(from_run.type, "FailedPreconditionError");
+    expect_usable(*s);
+  }
+}
+
+TEST(FailureTest, MissingReplicaTimesOutNamingIt) {
+  auto s = testing::mirrored(3, {.timeout = std::chrono::milliseconds(100)});
+  const auto start = Clock::now();
+  auto [outcomes, from_run] = run_and_record(*s, [](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    ctx.all_reduce(ReduceOp::kSum, constant(1));
+  });
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(outcomes[static_cast<std::size_t>(r)].type, "DeadlineExceededError") << "replica " << r;
+    EXPECT_EQ(outcomes[static_cast<std::size_t>(r)].message, outcomes[0].message);
+  }
+  EXPECT_NE(outcomes[0].message.find("all_reduce #1 timed out after 0.1 s: replica(s) 2 did not arrive"),
+            std::string::npos)
+      << outcomes[0].message;
+  EXPECT_EQ(from_run.type, "DeadlineExceededError");
+  expect_usable(*s);
+}
+
+TEST(FailureTest, PerCallTimeoutOverridesTheStrategyDefault) {
+  auto s = std::make_unique<MirroredStrategy>(testing::cpu_devices(2));
+  auto [outcomes, from_run] = run_and_record(*s, [](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    ctx.all_gather(constant({1}), 0, {.timeout = std::chrono::milliseconds(50)});
+  });
+  EXPECT_EQ(outcomes[0].type, "DeadlineExceededError");
+  EXPECT_EQ(from_run.type, "DeadlineExceededError");
+}
+
+TEST(FailureTest, TimeoutFromEnvironmentAndStallWarning) {
+  ASSERT_EQ(setenv("DISTRIBUTE_COLLECTIVE_TIMEOUT", "0.3", 1), 0);
+  ASSERT_EQ(setenv("DISTRIBUTE_STALL_WARNING_SECONDS", "0.05", 1), 0);
+  auto s = std::make_unique<MirroredStrategy>(testing::cpu_devices(2));
+  unsetenv("DISTRIBUTE_COLLECTIVE_TIMEOUT");
+  unsetenv("DISTRIBUTE_STALL_WARNING_SECONDS");
+  ASSERT_TRUE(s->communication_options().timeout.has_value());
+  EXPECT_DOUBLE_EQ(s->communication_options().timeout->count(), 0.3);
+  ::testing::internal::CaptureStderr();
+  auto [outcomes, from_run] = run_and_record(*s, [](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    ctx.all_reduce(ReduceOp::kSum, constant(1));
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("warning: all_reduce #1 has waited"), std::string::npos) << err;
+  EXPECT_NE(err.find("replica(s) 1 have not joined it"), std::string::npos) << err;
+  EXPECT_EQ(outcomes[0].type, "DeadlineExceededError");
+  EXPECT_NE(outcomes[0].message.find("replica(s) 1 did not arrive"), std::string::npos);
+}
+
+TEST(FailureTest, BadEnvironmentValueIsAClearError) {
+  ASSERT_EQ(setenv("DISTRIBUTE_COLLECTIVE_TIMEOUT", "soon", 1), 0);
+  auto msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0"}); });
+  unsetenv("DISTRIBUTE_COLLECTIVE_TIMEOUT");
+  EXPECT_NE(msg.find("DISTRIBUTE_COLLECTIVE_TIMEOUT='soon'"), std::string::npos) << msg;
+}
+
+TEST(FailureTest, ManyFailingRunsInARowLeaveNothingBehind) {
+  auto s = testing::mirrored(4);
+  for (int k = 0; k < 50; ++k) {
+    EXPECT_THROW(s->run([k](ReplicaContext& ctx) {
+      ctx.all_reduce(ReduceOp::kSum, constant(1));
+      if (ctx.replica_id_in_sync_group() == k % 4) throw std::runtime_error("x");
+      ctx.all_reduce(ReduceOp::kSum, constant(1));
+    }),
+                 std::runtime_error);
+  }
+  expect_usable(*s);
+}
+
+}  // namespace
+}  // namespace distribute

@@ -1,0 +1,204 @@
+// merge_call: one merge_fn per step, PerReplica arguments, result fan-out,
+// nested steps, and the mismatches TensorFlow does not detect.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "testing/strategies.h"
+
+namespace distribute {
+namespace {
+
+TEST(MergeCallTest, RunsOnceWithArgumentsGroupedInReplicaOrder) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    std::atomic<int> calls{0};
+    auto r = s->run([&](ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      return ctx.merge_call(
+          [&](Strategy& strategy, const PerReplica<int>& ids, const PerReplica<std::string>& names) {
+            ++calls;
+            EXPECT_EQ(&strategy, s.get());
+            EXPECT_EQ(ids.size(), static_cast<std::size_t>(n));
+            for (int k = 0; k < n; ++k) {
+              EXPECT_EQ(ids[static_cast<std::size_t>(k)], k);
+              EXPECT_EQ(names[static_cast<std::size_t>(k)], "r" + std::to_string(k));
+            }
+            int total = 0;
+            for (int v : ids.values()) total += v;
+            return total;  // not distributed: shared by every replica
+          },
+          id, "r" + std::to_string(id));
+    });
+    EXPECT_EQ(calls.load(), 1);
+    for (int k = 0; k < n; ++k) EXPECT_EQ(r[static_cast<std::size_t>(k)], n * (n - 1) / 2);
+  }
+}
+
+TEST(MergeCallTest, PerReplicaAndMirroredResultsGiveEachReplicaItsComponent) {
+  auto s = testing::mirrored(3);
+  auto r = s->run([](ReplicaContext& ctx) {
+    auto [mine, same, shared] = ctx.merge_call(
+        [](Strategy&, const PerReplica<int>& ids) {
+          std::vector<int> doubled;
+          for (int v : ids.values()) doubled.push_back(v * 2);
+          return std::make_tuple(PerReplica<int>(doubled), Mirrored<int>(std::vector<int>{9, 9, 9}),
+                                 std::string("all"));
+        },
+        ctx.replica_id_in_sync_group());
+    EXPECT_EQ(same, 9);
+    EXPECT_EQ(shared, "all");
+    return mine;
+  });
+  EXPECT_EQ(r.values(), (std::vector<int>{0, 2, 4}));
+}
+
+TEST(MergeCallTest, ReduceToInsideMergeFnIsAnAllReduce) {
+  auto s = testing::mirrored(4);
+  auto r = s->run([](ReplicaContext& ctx) {
+    Tensor grad = constant(static_cast<float>(ctx.replica_id_in_sync_group()));
+    return ctx.merge_call(
+        [](Strategy& strategy, const PerReplica<Tensor>& g) {
+          return strategy.extended().reduce_to(ReduceOp::kMean, g, g);
+        },
+        grad);
+  });
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(r[static_cast<std::size_t>(k)], constant(1.5f));
+    EXPECT_EQ(r[static_cast<std::size_t>(k)].device(), s->devices()[static_cast<std::size_t>(k)]);
+  }
+}
+
+TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
+  auto s = testing::mirrored(2);
+  auto r = s->run([](ReplicaContext& ctx) {
+    return ctx.merge_call([](Strategy& strategy) {
+      // A nested step: its replicas may use collectives and merge_call too.
+      auto inner = strategy.extended().call_for_each_replica([](ReplicaContext& inner_ctx) {
+        const Tensor x = constant(inner_ctx.replica_id_in_sync_group() + 1);
+        Tensor total = inner_ctx.all_reduce(ReduceOp::kSum, x);
+        return inner_ctx.merge_call(
+            [](Strategy&, const PerReplica<Tensor>& t) { return t[0].scalar<int>() * 100; }, total);
+      });
+      return inner[0] + inner[1];
+    });
+  });
+  EXPECT_EQ(r[0], 600);
+  EXPECT_EQ(r[1], 600);
+}
+
+TEST(MergeCallTest, ManyStepsInARow) {
+  auto s = testing::mirrored(3);
+  auto r = s->run([](ReplicaContext& ctx) {
+    int acc = 0;
+    for (int step = 0; step < 200; ++step) {
+      acc += ctx.merge_call([](Strategy&, const PerReplica<int>& v) { return v[0] + v[1] + v[2]; }, step);
+      if (step % 10 == 0) ctx.all_reduce(ReduceOp::kSum, constant(step));
+    }
+    return acc;
+  });
+  EXPECT_EQ(r[2], 3 * 199 * 200 / 2);
+}
+
+TEST(MergeCallTest, DifferentMergeFunctionsAreDetected) {
+  auto s = testing::mirrored(2);
+  std::vector<std::string> messages(2);
+  s->run([&](ReplicaContext& ctx) {
+    try {
+      if (ctx.replica_id_in_sync_group() == 0) {
+        ctx.merge_call([](Strategy&, const PerReplica<int>&) {}, 1);
+      } else {
+        ctx.merge_call([](Strategy&, const PerReplica<int>&) {}, 1);  // another lambda: another merge_fn
+      }
+    } catch (const FailedPreconditionError& e) {
+      messages[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = e.what();
+    }
+  });
+  EXPECT_FALSE(messages[0].empty());
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_NE(messages[0].find("merge_call #1: the replicas passed different merge_fn and argument types"),
+            std::string::npos)
+      << messages[0];
+}
+
+TEST(MergeCallTest, DifferentArgumentTypesAreDetected) {
+  auto s = testing::mirrored(2);
+  auto msg = testing::expect_throw<FailedPreconditionError>([&] {
+    s->run([&](ReplicaContext& ctx) {
+      auto fn = [](Strategy&, const auto&) {};
+      if (ctx.replica_id_in_sync_group() == 0) {
+        ctx.merge_call(fn, 1);
+      } else {
+        ctx.merge_call(fn, 1.0);
+      }
+    });
+  });
+  EXPECT_NE(msg.find("different merge_fn and argument types"), std::string::npos) << msg;
+}
+
+TEST(MergeCallTest, DifferentNumberOfMergeCallsRaisesInsteadOfHanging) {
+  auto s = testing::mirrored(3);
+  const auto start = std::chrono::steady_clock::now();
+  auto msg = testing::expect_throw<FailedPreconditionError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      ctx.merge_call([](Strategy&) {});
+      if (ctx.replica_id_in_sync_group() != 2) ctx.merge_call([](Strategy&) {});
+    });
+  });
+  EXPECT_NE(msg.find("Some replicas made a different number of replica_context().merge_call() calls"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("replica(s) 2 returned"), std::string::npos) << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(MergeCallTest, MergeFnExceptionIsRethrownByRunAndOthersAreReleased) {
+  auto s = testing::mirrored(3);
+  struct Boom : std::runtime_error {
+    Boom() : std::runtime_error("boom") {}
+  };
+  EXPECT_THROW(s->run([](ReplicaContext& ctx) { ctx.merge_call([](Strategy&) { throw Boom(); }); }), Boom);
+  // Usable again.
+  auto r = s->run([](ReplicaContext& ctx) { return ctx.merge_call([](Strategy&) { return 5; }); });
+  EXPECT_EQ(r[2], 5);
+}
+
+TEST(MergeCallTest, DefaultContextWorksAgainAfterMergeFnThrows) {
+  ReplicaContext* ctx = get_replica_context();
+  EXPECT_THROW(ctx->merge_call([](Strategy&) { throw std::runtime_error("no"); }), std::runtime_error);
+  EXPECT_EQ(ctx->merge_call([](Strategy&) { return 3; }), 3);
+  EXPECT_EQ(ctx->all_reduce(ReduceOp::kSum, constant(2)), constant(2));
+}
+
+TEST(MergeCallTest, NestedDefaultStrategyRunsOnTwoThreadsAtOnce) {
+  auto work = [] {
+    for (int k = 0; k < 100; ++k) {
+      int v = get_replica_context()->merge_call([k](Strategy& s) {
+        auto r = s.run([k](ReplicaContext& c) { return c.all_reduce(ReduceOp::kSum, constant(k)).scalar<int>(); });
+        return r[0];
+      });
+      EXPECT_EQ(v, k);
+    }
+  };
+  std::thread a(work), b(work);
+  a.join();
+  b.join();
+}
+
+TEST(MergeCallTest, MergeCallVersusCollectiveIsAMismatch) {
+  auto s = testing::mirrored(2);
+  auto msg = testing::expect_throw<FailedPreconditionError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0) {
+        ctx.merge_call([](Strategy&) {});
+      } else {
+        ctx.all_reduce(ReduceOp::kSum, constant(1));
+      }
+    });
+  });
+  EXPECT_NE(msg.find("Collective mismatch"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace distribute

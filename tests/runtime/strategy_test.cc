@@ -1,0 +1,339 @@
+// Strategy construction, run, reduce, gather, local results and extended().
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "testing/strategies.h"
+
+namespace distribute {
+namespace {
+
+TEST(DeviceNameTest, AcceptsTensorFlowSpellings) {
+  const std::string want = "/job:localhost/replica:0/task:0/device:CPU:2";
+  for (const char* name : {"CPU:2", "cpu:2", "/cpu:2", "/CPU:2", "/device:CPU:2", "device:cpu:2",
+                           "/job:localhost/replica:0/task:0/device:CPU:2", "/job:localhost/device:CPU:2"}) {
+    EXPECT_EQ(canonical_device_name(name), want) << name;
+  }
+}
+
+TEST(DeviceNameTest, RejectsGpuRemoteAndMalformedNames) {
+  auto gpu = testing::expect_throw<InvalidArgumentError>([] { canonical_device_name("GPU:0"); });
+  EXPECT_NE(gpu.find("no GPU support"), std::string::npos) << gpu;
+  EXPECT_THROW(canonical_device_name("/job:worker/replica:0/task:1/device:CPU:0"), InvalidArgumentError);
+  EXPECT_THROW(canonical_device_name("/job:localhost/replica:0/task:1/device:CPU:0"), InvalidArgumentError);
+  for (const char* bad : {"", "CPU", "CPU:x", "TPU:0", "CPU:-1", "/device:CPU", "banana"}) {
+    EXPECT_THROW(canonical_device_name(bad), InvalidArgumentError) << bad;
+  }
+}
+
+TEST(MirroredStrategyTest, ConstructionRules) {
+  MirroredStrategy s({"CPU:0", "/cpu:1", "/job:localhost/replica:0/task:0/device:CPU:5"});
+  EXPECT_EQ(s.num_replicas_in_sync(), 3);
+  EXPECT_EQ(s.num_local_replicas(), 3);
+  EXPECT_EQ(s.devices()[2], "/job:localhost/replica:0/task:0/device:CPU:5");
+  EXPECT_EQ(s.extended().worker_devices(), s.devices());
+  EXPECT_EQ(s.name(), "MirroredStrategy");
+  EXPECT_EQ(s.describe(), "MirroredStrategy(3 replicas: CPU:0, CPU:1, CPU:5)");
+  EXPECT_THROW(MirroredStrategy(std::vector<std::string>{}), InvalidArgumentError);
+  auto dup = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy({"CPU:0", "/cpu:0"}); });
+  EXPECT_NE(dup.find("No duplicates allowed in `devices` argument"), std::string::npos) << dup;
+  EXPECT_THROW(MirroredStrategy({"GPU:0", "GPU:1"}), InvalidArgumentError);
+  MirroredStrategy all;
+  EXPECT_EQ(all.num_replicas_in_sync(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+TEST(MirroredStrategyTest, ManyVirtualDevices) {
+  auto s = testing::mirrored(16);
+  auto r = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1)); });
+  for (const auto& t : r.values()) EXPECT_EQ(t, constant(16));
+}
+
+TEST(OneDeviceStrategyTest, RunsOnceOnItsDevice) {
+  OneDeviceStrategy s("CPU:3");
+  EXPECT_EQ(s.num_replicas_in_sync(), 1);
+  auto r = s.run([](ReplicaContext& ctx) {
+    EXPECT_EQ(ctx.devices(), std::vector<std::string>{"/job:localhost/replica:0/task:0/device:CPU:3"});
+    return ctx.all_reduce(ReduceOp::kSum, constant({1.f, 2.f}));
+  });
+  EXPECT_EQ(s.experimental_local_results(r).size(), 1u);
+  EXPECT_EQ(r[0], constant({1.f, 2.f}));
+  EXPECT_EQ(r[0].device(), "/job:localhost/replica:0/task:0/device:CPU:3");
+  EXPECT_THROW(OneDeviceStrategy("GPU:0"), InvalidArgumentError);
+}
+
+TEST(DefaultStrategyTest, IsASingleReplicaWithoutWorkerDevices) {
+  Strategy& d = default_strategy();
+  EXPECT_EQ(d.num_replicas_in_sync(), 1);
+  EXPECT_EQ(d.name(), "_DefaultDistributionStrategy");
+  auto msg = testing::expect_throw<FailedPreconditionError>([&] { d.extended().worker_devices(); });
+  EXPECT_NE(msg.find("worker_devices() method unsupported by default tf.distribute.Strategy."), std::string::npos);
+  // reduce_to and reduce return the value unchanged.
+  EXPECT_EQ(d.extended().reduce_to(ReduceOp::kSum, constant(3.f), "CPU:0")[0], constant(3.f));
+  EXPECT_EQ(d.reduce(ReduceOp::kSum, constant(3.f), std::nullopt), constant(3.f));
+}
+
+TEST(RunTest, ReplicasRunInParallelOnPoolThreadsReusedAcrossRuns) {
+  auto s = testing::mirrored(4);
+  std::mutex mu;
+  std::set<std::thread::id> first, second;
+  std::atomic<int> inside{0}, max_inside{0};
+  auto body = [&](std::set<std::thread::id>& ids) {
+    return [&](ReplicaContext& ctx) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      }
+      const int now = ++inside;
+      int prev = max_inside.load();
+      while (now > prev && !max_inside.compare_exchange_weak(prev, now)) {
+      }
+      ctx.all_reduce(ReduceOp::kSum, constant(1));  // all four must be inside at once to pass this
+      --inside;
+    };
+  };
+  s->run(body(first));
+  s->run(body(second));
+  EXPECT_EQ(first.size(), 4u);
+  EXPECT_EQ(first, second);  // the same pool threads
+  EXPECT_EQ(max_inside.load(), 4);
+  EXPECT_TRUE(first.count(std::this_thread::get_id()));  // replica 0 runs on the caller
+}
+
+TEST(RunTest, PerReplicaArgumentsAreSplitOthersShared) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    std::vector<Tensor> parts;
+    for (int i = 0; i < n; ++i) parts.push_back(constant(i * 10));
+    PerReplica<Tensor> per_replica(parts);
+    Mirrored<int> mirrored_int(std::vector<int>(static_cast<std::size_t>(n), 7));
+    const Tensor shared = constant(100);
+    auto r = s->run(
+        [](ReplicaContext& ctx, const Tensor& mine, int m, const Tensor& common) {
+          EXPECT_EQ(mine.scalar<int>(), ctx.replica_id_in_sync_group() * 10);
+          EXPECT_EQ(m, 7);
+          return mine.scalar<int>() + common.scalar<int>();
+        },
+        per_replica, mirrored_int, shared);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(r[static_cast<std::size_t>(i)], i * 10 + 100);
+  }
+}
+
+TEST(RunTest, WrongNumberOfComponentsIsAnError) {
+  auto s = testing::mirrored(2);
+  PerReplica<int> three(std::vector<int>{1, 2, 3});
+  auto msg = testing::expect_throw<InvalidArgumentError>([&] { s->run([](int) {}, three); });
+  EXPECT_NE(msg.find("has 3 components"), std::string::npos) << msg;
+}
+
+TEST(RunTest, VoidFunctionsAndNestedResults) {
+  auto s = testing::mirrored(2);
+  std::atomic<int> calls{0};
+  s->run([&] { ++calls; });
+  EXPECT_EQ(calls.load(), 2);
+  using N = Nest<Tensor>;
+  auto r = s->run([](ReplicaContext& ctx) {
+    return N::dict({{"id", constant(ctx.replica_id_in_sync_group())}, {"x", N::list({constant(1.f)})}});
+  });
+  auto locals = s->experimental_local_results(r);
+  ASSERT_EQ(locals.size(), 2u);
+  EXPECT_EQ(locals[1]["id"].leaf(), constant(1));
+  EXPECT_EQ(repr(r).substr(0, 13), "PerReplica:{\n");
+}
+
+TEST(LocalResultsTest, NonDistributedValueIsATupleOfOne) {
+  auto s = testing::mirrored(3);
+  EXPECT_EQ(s->experimental_local_results(constant(4)).size(), 1u);
+  Mirrored<int> m(std::vector<int>{5, 5, 5});
+  EXPECT_EQ(s->experimental_local_results(m), (std::vector<int>{5, 5, 5}));
+  EXPECT_EQ(repr_tuple(std::vector<int>{1}), "(1,)");
+}
+
+PerReplica<Tensor> per_replica(const std::vector<Tensor>& v) { return PerReplica<Tensor>(v); }
+
+TEST(ReduceTest, ElementwiseAcrossReplicasEveryOp) {
+  auto s = testing::mirrored(3);
+  auto v = per_replica({constant({1.f, 5.f}), constant({2.f, 4.f}), constant({6.f, 3.f})});
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, v, std::nullopt), constant({9.f, 12.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, v, std::nullopt), constant({3.f, 4.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMin, v, std::nullopt), constant({1.f, 3.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMax, v, std::nullopt), constant({6.f, 5.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kProduct, v, std::nullopt), constant({12.f, 60.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, v, std::nullopt).device(), std::string(kHostDevice));
+}
+
+TEST(ReduceTest, MeanAlongBatchAxisIsTheGlobalMeanWithRaggedLastBatch) {
+  auto s = testing::mirrored(2);
+  // Replica 0 has 3 examples, replica 1 only 1 (a ragged last batch).
+  auto v = per_replica({constant({{1.f, 10.f}, {2.f, 20.f}, {3.f, 30.f}}), constant({{6.f, 60.f}})});
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, v, 0), constant({3.f, 30.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, v, 0), constant({12.f, 120.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, v, std::vector<int>{0, 1}), constant(16.5f));
+  // Along axis 1 the batch dimensions remain, and they differ: an error.
+  EXPECT_THROW(s->reduce(ReduceOp::kMax, v, -1), InvalidArgumentError);
+  EXPECT_EQ(s->reduce(ReduceOp::kMin, v, std::vector<int>{0, 1}), constant(1.f));
+  // Integer mean truncates toward zero and keeps the dtype.
+  auto ints = per_replica({constant({1, 2}), constant({4})});
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, ints, 0), constant(2));
+}
+
+TEST(ReduceTest, AxisErrors) {
+  auto s = testing::mirrored(2);
+  auto v = per_replica({constant({{1.f}}), constant({{2.f}})});
+  auto msg = testing::expect_throw<InvalidArgumentError>([&] { s->reduce(ReduceOp::kSum, v, 2); });
+  EXPECT_NE(msg.find("`axis` = 2 out of range for `value` with rank 2"), std::string::npos) << msg;
+  EXPECT_THROW(s->reduce(ReduceOp::kSum, v, std::vector<int>{0, -2}), InvalidArgumentError);
+  auto mismatch = per_replica({constant({{1.f, 2.f}}), constant({{2.f}})});
+  EXPECT_THROW(s->reduce(ReduceOp::kSum, mismatch, 0), InvalidArgumentError);
+  EXPECT_THROW(s->reduce(ReduceOp::kSum, mismatch, std::nullopt), InvalidArgumentError);
+  EXPECT_THROW(s->reduce(ReduceOp::kSum, per_replica({constant(1.f), constant(1)}), std::nullopt),
+               InvalidArgumentError);
+}
+
+TEST(ReduceTest, NonDistributedValues) {
+  auto s = testing::mirrored(2);
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, constant(5.f), std::nullopt), constant(5.f));
+  auto msg = testing::expect_throw<InvalidArgumentError>([&] { s->reduce(ReduceOp::kSum, constant(5.f), std::nullopt); });
+  EXPECT_NE(msg.find("A non-DistributedValues value 5.0 cannot be reduced with the given reduce op SUM."),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, constant({2.f, 4.f}), 0), constant(3.f));
+  Mirrored<Tensor> m(std::vector<Tensor>{constant(2.f), constant(2.f)});
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, m, std::nullopt), constant(2.f));
+  EXPECT_THROW(s->reduce(ReduceOp::kSum, m, std::nullopt), InvalidArgumentError);
+  OneDeviceStrategy one("CPU:0");
+  EXPECT_EQ(one.reduce(ReduceOp::kSum, constant(5.f), std::nullopt), constant(5.f));
+}
+
+TEST(ReduceTest, MirroredValueAlongAnAxis) {
+  auto s = testing::mirrored(2);
+  Mirrored<Tensor> m(std::vector<Tensor>{constant({2.f, 4.f}), constant({2.f, 4.f})});
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, m, 0), constant(3.f));
+  EXPECT_EQ(s->reduce(ReduceOp::kMax, m, 0), constant(4.f));
+}
+
+TEST(ReduceTest, EmptyAxisGivesTheIdentityOfTheDtype) {
+  auto s = testing::mirrored(2);
+  auto empty = PerReplica<Tensor>(std::vector<Tensor>{Tensor(DType::kInt32, Shape{0, 2}), Tensor(DType::kInt32, Shape{0, 2})});
+  EXPECT_EQ(s->reduce(ReduceOp::kMin, empty, 0), fill(DType::kInt32, Shape{2}, 2147483647));
+  EXPECT_EQ(s->reduce(ReduceOp::kMax, empty, 0), fill(DType::kInt32, Shape{2}, -2147483648.0));
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, empty, 0), fill(DType::kInt32, Shape{2}, 0));
+  EXPECT_THROW(s->reduce(ReduceOp::kMean, empty, 0), InvalidArgumentError);
+  auto empty_f = PerReplica<Tensor>(std::vector<Tensor>{Tensor(DType::kFloat32, Shape{0}), Tensor(DType::kFloat32, Shape{0})});
+  EXPECT_TRUE(std::isnan(s->reduce(ReduceOp::kMean, empty_f, 0).scalar<float>()));
+  EXPECT_TRUE(std::isinf(s->reduce(ReduceOp::kMin, empty_f, 0).scalar<float>()));
+}
+
+TEST(GatherTest, ConcatenatesInReplicaOrderRaggedAlongAxis) {
+  auto s = testing::mirrored(3);
+  auto v = per_replica({constant({{1, 2}}), constant({{3, 4}, {5, 6}}), constant({{7, 8}})});
+  EXPECT_EQ(s->gather(v, 0), constant({{1, 2}, {3, 4}, {5, 6}, {7, 8}}));
+  auto cols = per_replica({constant({{1}, {2}}), constant({{3, 4}, {5, 6}}), constant({{7}, {8}})});
+  EXPECT_EQ(s->gather(cols, 1), constant({{1, 3, 4, 7}, {2, 5, 6, 8}}));
+  EXPECT_EQ(s->gather(cols, -1), constant({{1, 3, 4, 7}, {2, 5, 6, 8}}));
+  EXPECT_EQ(s->gather(constant({9}), 0), constant({9}));  // a non-distributed value is returned as is
+}
+
+TEST(GatherTest, Errors) {
+  auto s = testing::mirrored(2);
+  auto rank0 = testing::expect_throw<InvalidArgumentError>(
+      [&] { s->gather(per_replica({constant(1), constant(2)}), 0); });
+  EXPECT_NE(rank0.find("rank >= 1"), std::string::npos) << rank0;
+  auto dims = testing::expect_throw<InvalidArgumentError>(
+      [&] { s->gather(per_replica({constant({{1, 2}}), constant({{1, 2, 3}})}), 0); });
+  EXPECT_NE(dims.find("Dimension 1"), std::string::npos) << dims;
+  EXPECT_NE(dims.find("replica 0: (1, 2)"), std::string::npos) << dims;
+  EXPECT_NE(dims.find("replica 1: (1, 3)"), std::string::npos) << dims;
+  EXPECT_THROW(s->gather(per_replica({constant({1}), constant({1.f})}), 0), InvalidArgumentError);
+  EXPECT_THROW(s->gather(per_replica({constant({1}), constant({{1}})}), 0), InvalidArgumentError);
+  EXPECT_THROW(s->gather(per_replica({constant({1}), constant({1})}), 1), InvalidArgumentError);
+  IndexedSlices slices(constant({{1.f}}), constant({0}), Shape{2, 1});
+  auto sparse = testing::expect_throw<UnimplementedError>([&] { s->gather(slices, 0); });
+  EXPECT_EQ(sparse, "gather does not support IndexedSlices");
+}
+
+TEST(ExtendedTest, ReduceToPlacesCopiesOnDestinations) {
+  auto s = testing::mirrored(2);
+  auto v = per_replica({constant(1.f), constant(2.f)});
+  auto on_host = s->extended().reduce_to(ReduceOp::kSum, v, "CPU:0");
+  ASSERT_EQ(on_host.size(), 1u);
+  EXPECT_EQ(on_host[0], constant(3.f));
+  EXPECT_EQ(on_host[0].device(), "/job:localhost/replica:0/task:0/device:CPU:0");
+  auto all = s->extended().reduce_to(ReduceOp::kMean, v, Destinations::of_devices({"CPU:0", "CPU:1"}));
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[1], constant(1.5f));
+  EXPECT_EQ(all[1].device(), "/job:localhost/replica:0/task:0/device:CPU:1");
+  EXPECT_NE(all[0].raw_data(), all[1].raw_data());  // distinct storage per device
+  EXPECT_THROW(s->extended().reduce_to(ReduceOp::kSum, v, ""), InvalidArgumentError);
+  EXPECT_THROW(s->extended().reduce_to(ReduceOp::kSum, v, "GPU:0"), InvalidArgumentError);
+  EXPECT_THROW(s->extended().reduce_to(ReduceOp::kSum, v, "CPU:0", {.bytes_per_pack = -1}), InvalidArgumentError);
+}
+
+TEST(ExtendedTest, BatchReduceToKeepsOrder) {
+  auto s = testing::mirrored(2);
+  auto a = per_replica({constant(1.f), constant(2.f)});
+  auto b = per_replica({constant({1, 1}), constant({2, 3})});
+  auto out = s->extended().batch_reduce_to(ReduceOp::kSum, {{a, "CPU:0"}, {b, "CPU:1"}});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0][0], constant(3.f));
+  EXPECT_EQ(out[1][0], constant({3, 4}));
+  EXPECT_EQ(out[1][0].device(), "/job:localhost/replica:0/task:0/device:CPU:1");
+}
+
+TEST(ExtendedTest, BroadcastToEveryDevice) {
+  auto s = testing::mirrored(3);
+  auto m = s->extended().broadcast_to(constant({1, 2}));
+  ASSERT_EQ(m.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i], constant({1, 2}));
+    EXPECT_EQ(m[i].device(), s->devices()[i]);
+  }
+  EXPECT_EQ(s->extended().broadcast_to(constant(1), Destinations("CPU:2")).size(), 1u);
+}
+
+TEST(ExtendedTest, UpdateInCrossReplicaAndReplicaContext) {
+  auto s = testing::mirrored(2);
+  Mirrored<Tensor> var(std::vector<Tensor>{constant(10.f), constant(10.f)});
+  auto add = [](Tensor& v, const Tensor& delta) {
+    v = constant(v.scalar<float>() + delta.scalar<float>());
+    return v;
+  };
+  auto out = s->extended().update(var, add, constant(1.f));
+  EXPECT_EQ(out[0], constant(11.f));
+  EXPECT_EQ(var[1], constant(11.f));
+  // In replica context: one merge_call; each component updated once, with its replica's value.
+  s->run([&](ReplicaContext& ctx) {
+    auto result = s->extended().update(var, add, constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1)));
+    EXPECT_EQ(result.size(), 2u);
+  });
+  EXPECT_EQ(var[0], constant(12.f));
+  EXPECT_EQ(var[1], constant(13.f));
+  Mirrored<Tensor> wrong(std::vector<Tensor>{constant(1.f)});
+  EXPECT_THROW(s->extended().update(wrong, add, constant(1.f)), InvalidArgumentError);
+}
+
+TEST(ExtendedTest, CallForEachReplica) {
+  auto s = testing::mirrored(2);
+  auto scope = s->scope();
+  auto r = s->extended().call_for_each_replica([](ReplicaContext& ctx) { return ctx.replica_id_in_sync_group(); });
+  EXPECT_EQ(r.values(), (std::vector<int>{0, 1}));
+}
+
+TEST(ConcurrencyTest, RunsFromTwoThreadsTakeTurns) {
+  auto s = testing::mirrored(2);
+  auto work = [&] {
+    for (int i = 0; i < 50; ++i) {
+      auto r = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1)); });
+      EXPECT_EQ(r[1], constant(2));
+    }
+  };
+  std::thread a(work), b(work);
+  a.join();
+  b.join();
+}
+
+}  // namespace
+}  // namespace distribute
