@@ -127,6 +127,8 @@ class Tensor {
   // numpy's repr of the value alone: array([1., 2.], dtype=float32), or 2.0 for a scalar.
   std::string numpy_repr() const;
   // The value as Python's tolist() prints it: [[1, 2], [3, 4]], 2.0, True.
+  // Floats show the shortest digits of their own dtype (float32 0.1 is "0.1",
+  // where Python, widening to double, would print 0.10000000149011612).
   std::string to_list_string() const;
 
   // Same dtype, same shape and the same bytes (so NaN == NaN; +0 != -0). Device is ignored.

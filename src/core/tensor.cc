@@ -214,7 +214,9 @@ Tensor cast(const Tensor& t, DType dtype) {
       using I = decltype(in_tag);
       const I* src = reinterpret_cast<const I*>(t.raw_data());
       for (std::int64_t i = 0; i < t.num_elements(); ++i) {
-        if constexpr (std::is_same_v<I, float16> || std::is_same_v<I, bfloat16>) {
+        if constexpr (std::is_integral_v<I> && std::is_integral_v<O> && !std::is_same_v<O, bool>) {
+          dst[i] = static_cast<O>(src[i]);  // integer to integer: exact, wrapping (never through double)
+        } else if constexpr (std::is_same_v<I, float16> || std::is_same_v<I, bfloat16>) {
           dst[i] = from_double<O>(static_cast<double>(static_cast<float>(src[i])));
         } else {
           dst[i] = from_double<O>(static_cast<double>(src[i]));

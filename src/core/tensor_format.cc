@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -134,6 +136,9 @@ std::vector<std::int64_t> shown_indices(std::int64_t n, bool summarize) {
   return idx;
 }
 
+// numpy's array repr (FloatingFormat, IntegerFormat, BoolFormat and
+// _formatArray of numpy/core/arrayprint.py, default options: precision 8,
+// floatmode 'maxprec', linewidth 75, threshold 1000, edgeitems 3).
 class ArrayFormatter {
  public:
   explicit ArrayFormatter(const Tensor& t) : t_(t), summarize_(t.num_elements() > kSummaryThreshold) {
@@ -141,18 +146,26 @@ class ArrayFormatter {
     prepare();
   }
 
-  // numpy's repr: array([...], dtype=...)
   std::string repr() const {
     const std::string prefix = "array(";
-    std::string body;
-    int line_len = static_cast<int>(prefix.size());
-    format(0, 0, static_cast<int>(prefix.size()), body, line_len);
-    std::string s = prefix + body;
+    // As numpy's array2string: continuation lines are indented past "array([",
+    // and the width leaves room for the "," or ")" that follows.
+    std::string body = format(0, std::string(prefix.size() + 1, ' '), kLineWidth - 1);
+    std::string s = prefix + body + ",";
     const DType d = t_.dtype();
-    if (d != DType::kFloat64 && d != DType::kInt64 && d != DType::kBool) {
-      s += ", dtype=" + std::string(to_string(d));
+    if (d == DType::kFloat64 || d == DType::kInt64 || d == DType::kBool) {
+      s.back() = ')';
+      return s;
     }
-    return s + ")";
+    const std::string dtype = "dtype=" + std::string(to_string(d));
+    const std::size_t last_line = s.size() - (s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
+    // numpy moves the dtype to its own line when the last line would pass the width.
+    if (last_line + 1 + dtype.size() + 1 > static_cast<std::size_t>(kLineWidth)) {
+      s += "\n" + std::string(prefix.size(), ' ');
+    } else {
+      s += " ";
+    }
+    return s + dtype + ")";
   }
 
  private:
@@ -171,99 +184,179 @@ class ArrayFormatter {
 
   void prepare() {
     const DType d = t_.dtype();
-    if (!is_floating(d)) {
-      for (std::size_t i = 0; i < values_.size(); ++i) {
-        std::string s = d == DType::kBool ? (values_[i] != 0 ? "True" : "False") : integer_text(t_, offsets_[i]);
-        width_ = std::max(width_, static_cast<int>(s.size()));
-        texts_.push_back(s);
-      }
-      for (auto& s : texts_) s = std::string(static_cast<std::size_t>(width_) - s.size(), ' ') + s;
+    if (d == DType::kBool) {
+      for (double v : values_) texts_.push_back(v != 0 ? " True" : "False");
       return;
     }
-    double max_abs = 0, min_abs = 0;
-    bool any = false;
-    for (double v : values_) {
-      if (!std::isfinite(v) || v == 0) continue;
-      const double a = std::fabs(v);
-      max_abs = any ? std::max(max_abs, a) : a;
-      min_abs = any ? std::min(min_abs, a) : a;
-      any = true;
-    }
-    const bool scientific = any && (max_abs >= 1e8 || min_abs < 1e-4 || max_abs / min_abs > 1e3);
-    std::vector<std::string> ints, fracs, exps;
-    std::size_t int_w = 0, frac_w = 0;
-    for (double v : values_) {
-      if (!std::isfinite(v)) {
-        ints.push_back(special_text(v));
-        fracs.emplace_back();
-        exps.emplace_back();
-        continue;
+    if (!is_floating(d)) {
+      std::size_t width = 0;
+      for (std::int64_t off : offsets_) {
+        texts_.push_back(integer_text(t_, off));
+        width = std::max(width, texts_.back().size());
       }
-      const Decimal dec = shortest(v, d);
-      if (scientific) {
-        ints.push_back((dec.negative ? "-" : "") + dec.digits.substr(0, 1));
-        fracs.push_back(dec.digits.substr(1));
-        exps.push_back(exponent_text(dec.exp));
-      } else {
-        auto [ip, fp] = positional(dec);
-        ints.push_back(ip);
-        fracs.push_back(fp);
-        exps.emplace_back();
-      }
-      int_w = std::max(int_w, ints.back().size());
-      frac_w = std::max(frac_w, fracs.back().size());
+      for (auto& s : texts_) s = std::string(width - s.size(), ' ') + s;
+      return;
     }
-    for (std::size_t i = 0; i < values_.size(); ++i) {
-      std::string s;
-      if (!std::isfinite(values_[i])) {
-        s = ints[i];
-      } else {
-        s = std::string(int_w - ints[i].size(), ' ') + ints[i] + "." + fracs[i];
-        s += std::string(frac_w - fracs[i].size(), scientific ? '0' : ' ') + exps[i];
-      }
-      texts_.push_back(s);
-    }
-    for (const auto& s : texts_) width_ = std::max(width_, static_cast<int>(s.size()));
-    for (auto& s : texts_) s = std::string(static_cast<std::size_t>(width_) - s.size(), ' ') + s;
+    prepare_floats();
   }
 
-  // Appends the bracketed block of `axis`; returns the next value index.
-  std::size_t format(int axis, std::size_t next, int indent, std::string& out, int& line_len) const {
-    out += "[";
-    ++line_len;
-    const auto idx = shown_indices(t_.shape()[axis], summarize_);
-    const bool last_axis = axis == t_.rank() - 1;
-    for (std::size_t k = 0; k < idx.size(); ++k) {
-      if (k > 0) {
-        if (last_axis) {
-          const std::size_t item_len = idx[k] < 0 ? 3 : texts_[next].size();
-          if (line_len + 2 + static_cast<int>(item_len) + 1 > kLineWidth) {
-            out += ",\n" + std::string(static_cast<std::size_t>(indent + 1), ' ');
-            line_len = indent + 1;
-          } else {
-            out += ", ";
-            line_len += 2;
-          }
+  // Digits of a finite value printed positionally as numpy's dragon4 does with
+  // unique=True, precision=8: shortest round-trip digits, at most 8 after the
+  // point (rounded), every digit before it.
+  static std::pair<std::string, std::string> positional_parts(double v, DType d) {
+    const Decimal dec = shortest(v, d);
+    const int frac_len = std::max(0, static_cast<int>(dec.digits.size()) - 1 - dec.exp);
+    char buf[400];
+    if (frac_len == 0) {  // the value is an integer: print it exactly
+      std::snprintf(buf, sizeof buf, "%.0f", v);
+      return {buf, ""};
+    }
+    if (frac_len > 8) {
+      std::snprintf(buf, sizeof buf, "%.8f", v);
+      std::string text = buf;
+      const auto dot = text.find('.');
+      std::string frac = text.substr(dot + 1);
+      while (!frac.empty() && frac.back() == '0') frac.pop_back();
+      return {text.substr(0, dot), frac};
+    }
+    return positional(dec);
+  }
+
+  // Mantissa digits after the point that numpy's scientific form needs (<= 8).
+  static int scientific_digits(double v, DType d) {
+    const Decimal dec = shortest(v, d);
+    if (dec.digits.size() - 1 <= 8) return static_cast<int>(dec.digits.size()) - 1;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.8e", v);
+    std::string mant(buf, std::strchr(buf, 'e'));
+    while (mant.back() == '0') mant.pop_back();
+    return static_cast<int>(mant.size() - mant.find('.') - 1);
+  }
+
+  void prepare_floats() {
+    const DType d = t_.dtype();
+    double max_abs = 0, min_abs = 0;
+    bool any_nonzero = false, any_finite = false, neg_inf = false, any_nonfinite = false;
+    for (double v : values_) {
+      if (!std::isfinite(v)) {
+        any_nonfinite = true;
+        neg_inf |= std::isinf(v) && v < 0;
+        continue;
+      }
+      any_finite = true;
+      if (v == 0) continue;
+      const double a = std::fabs(v);
+      max_abs = any_nonzero ? std::max(max_abs, a) : a;
+      min_abs = any_nonzero ? std::min(min_abs, a) : a;
+      any_nonzero = true;
+    }
+    const bool scientific = any_nonzero && (max_abs >= 1e8 || min_abs < 1e-4 || max_abs / min_abs > 1e3);
+    std::vector<std::string> ints(values_.size()), fracs(values_.size()), exps(values_.size());
+    std::size_t pad_left = 0, pad_right = 0;
+    if (scientific) {
+      int precision = 0;
+      int exp_size = 2;
+      for (double v : values_) {
+        if (std::isfinite(v)) precision = std::max(precision, scientific_digits(v, d));
+      }
+      for (std::size_t i = 0; i < values_.size(); ++i) {
+        if (!std::isfinite(values_[i])) continue;
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.*e", precision, values_[i]);
+        std::string text = buf;
+        const auto e = text.find('e');
+        const auto dot = text.find('.');
+        ints[i] = text.substr(0, dot == std::string::npos ? e : dot);
+        fracs[i] = dot == std::string::npos ? "" : text.substr(dot + 1, e - dot - 1);
+        exps[i] = text.substr(e + 1);  // "+05", "-100"
+        exp_size = std::max(exp_size, static_cast<int>(exps[i].size()) - 1);
+      }
+      for (std::size_t i = 0; i < values_.size(); ++i) {
+        if (!std::isfinite(values_[i])) continue;
+        std::string digits = exps[i].substr(1);
+        exps[i] = "e" + exps[i].substr(0, 1) + std::string(static_cast<std::size_t>(exp_size) - digits.size(), '0') + digits;
+        pad_left = std::max(pad_left, ints[i].size());
+      }
+      pad_right = static_cast<std::size_t>(exp_size + 2 + precision);
+      if (any_nonfinite) {
+        const std::size_t offset = pad_right + 1;
+        const std::size_t inf_len = 3 + (neg_inf ? 1 : 0);
+        pad_left = std::max({pad_left, 3 > offset ? 3 - offset : 0, inf_len > offset ? inf_len - offset : 0});
+      }
+      for (std::size_t i = 0; i < values_.size(); ++i) {
+        if (!std::isfinite(values_[i])) {
+          const std::string special = special_text(values_[i]);
+          const std::size_t width = pad_left + pad_right + 1;
+          texts_.push_back(std::string(width > special.size() ? width - special.size() : 0, ' ') + special);
         } else {
-          out += "," + std::string(static_cast<std::size_t>(t_.rank() - axis - 1), '\n') +
-                 std::string(static_cast<std::size_t>(indent + 1), ' ');
-          line_len = indent + 1;
+          texts_.push_back(std::string(pad_left - ints[i].size(), ' ') + ints[i] + "." + fracs[i] + exps[i]);
         }
       }
-      if (idx[k] < 0) {
-        out += "...";
-        line_len += 3;
-      } else if (last_axis) {
-        out += texts_[next];
-        line_len += static_cast<int>(texts_[next].size());
-        ++next;
+      return;
+    }
+    for (std::size_t i = 0; i < values_.size(); ++i) {
+      if (!std::isfinite(values_[i])) continue;
+      std::tie(ints[i], fracs[i]) = positional_parts(values_[i], d);
+      pad_left = std::max(pad_left, ints[i].size());
+      pad_right = std::max(pad_right, fracs[i].size());
+    }
+    if (!any_finite) pad_left = pad_right = 0;
+    if (any_nonfinite) {
+      const std::size_t offset = pad_right + 1;
+      const std::size_t inf_len = 3 + (neg_inf ? 1 : 0);
+      pad_left = std::max({pad_left, 3 > offset ? 3 - offset : 0, inf_len > offset ? inf_len - offset : 0});
+    }
+    for (std::size_t i = 0; i < values_.size(); ++i) {
+      if (!std::isfinite(values_[i])) {
+        const std::string special = special_text(values_[i]);
+        const std::size_t width = pad_left + pad_right + 1;
+        texts_.push_back(std::string(width > special.size() ? width - special.size() : 0, ' ') + special);
       } else {
-        next = format(axis + 1, next, indent + 1, out, line_len);
+        texts_.push_back(std::string(pad_left - ints[i].size(), ' ') + ints[i] + "." + fracs[i] +
+                         std::string(pad_right - fracs[i].size(), ' '));
       }
     }
-    out += "]";
-    ++line_len;
-    return next;
+  }
+
+  // numpy's _extendLine_pretty for one-line words.
+  static void extend_line(std::string& s, std::string& line, const std::string& word, std::size_t width,
+                          const std::string& hanging_indent) {
+    bool wrap = line.size() + word.size() > width;
+    if (line.size() <= hanging_indent.size()) wrap = false;  // wrapping would not help
+    if (wrap) {
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      s += line + "\n";
+      line = hanging_indent;
+    }
+    line += word;
+  }
+
+  // numpy's _formatArray recurser, from the block at `axis` whose first value
+  // is texts_[next_].
+  std::string format(int axis, const std::string& hanging_indent, int width) const {
+    const int axes_left = t_.rank() - axis;
+    const std::string next_indent = hanging_indent + " ";
+    const int next_width = width - 1;  // len(']')
+    const auto idx = shown_indices(t_.shape()[axis], summarize_);
+    std::string s;
+    if (axes_left == 1) {
+      const auto elem_width = static_cast<std::size_t>(width - 1);  // max(len(','), len(']'))
+      std::string line = hanging_indent;
+      for (std::size_t k = 0; k < idx.size(); ++k) {
+        const std::string word = idx[k] < 0 ? std::string("...") : texts_[next_++];
+        extend_line(s, line, word, elem_width, hanging_indent);
+        if (k + 1 < idx.size()) line += ", ";
+      }
+      s += line;
+    } else {
+      const std::string line_sep = "," + std::string(static_cast<std::size_t>(axes_left - 1), '\n');
+      for (std::size_t k = 0; k < idx.size(); ++k) {
+        const std::string nested = idx[k] < 0 ? std::string("...") : format(axis + 1, next_indent, next_width);
+        s += hanging_indent + nested;
+        if (k + 1 < idx.size()) s += line_sep;
+      }
+    }
+    return "[" + s.substr(hanging_indent.size()) + "]";
   }
 
   const Tensor& t_;
@@ -271,7 +364,7 @@ class ArrayFormatter {
   std::vector<double> values_;
   std::vector<std::int64_t> offsets_;
   std::vector<std::string> texts_;
-  int width_ = 0;
+  mutable std::size_t next_ = 0;
 };
 
 std::string scalar_text(const Tensor& t, double v) {

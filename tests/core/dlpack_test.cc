@@ -1,0 +1,304 @@
+// Tests of dlpack.h: zero-copy export and import, ownership (the deleter runs
+// exactly once, and never when an import is rejected), and the rejections.
+#include "distribute/dlpack.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace distribute {
+namespace {
+
+// A DLManagedTensor over caller-owned memory whose deleter counts its calls.
+struct Owned {
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  int deleted = 0;
+  DLManagedTensor managed{};
+
+  Owned(void* data, DLDataType dtype, std::vector<std::int64_t> dims, std::vector<std::int64_t> strides_in = {})
+      : shape(std::move(dims)), strides(std::move(strides_in)) {
+    DLTensor& dl = managed.dl_tensor;
+    dl.data = data;
+    dl.device = {kDLCPU, 0};
+    dl.ndim = static_cast<std::int32_t>(shape.size());
+    dl.dtype = dtype;
+    dl.shape = shape.data();
+    dl.strides = strides.empty() ? nullptr : strides.data();
+    dl.byte_offset = 0;
+    managed.manager_ctx = this;
+    managed.deleter = [](DLManagedTensor* self) { ++static_cast<Owned*>(self->manager_ctx)->deleted; };
+  }
+};
+
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDataType kI32{kDLInt, 32, 1};
+
+template <class F>
+void expect_rejected(Owned& o, F&& check_error) {
+  try {
+    Tensor t = from_dlpack(&o.managed);
+    ADD_FAILURE() << "accepted: " << t.repr();
+  } catch (const Error& e) {
+    check_error(e);
+  }
+  EXPECT_EQ(o.deleted, 0) << "a rejected import must leave ownership with the caller";
+}
+
+// ---- round trips -------------------------------------------------------------
+
+class DLPackRoundTripTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DLPackRoundTripTest, ShareStorageWithoutCopy) {
+  const DType d = GetParam();
+  Tensor t = iota(d, Shape{2, 3, 4}, 1);
+  DLManagedTensor* m = to_dlpack(t);
+  ASSERT_NE(m, nullptr);
+  const DLTensor& dl = m->dl_tensor;
+  EXPECT_EQ(dl.data, t.raw_data());
+  EXPECT_EQ(dl.device.device_type, kDLCPU);
+  EXPECT_EQ(dl.ndim, 3);
+  EXPECT_EQ(std::vector<std::int64_t>(dl.shape, dl.shape + 3), (std::vector<std::int64_t>{2, 3, 4}));
+  ASSERT_NE(dl.strides, nullptr);
+  EXPECT_EQ(std::vector<std::int64_t>(dl.strides, dl.strides + 3), (std::vector<std::int64_t>{12, 4, 1}));
+  EXPECT_EQ(dl.byte_offset, 0u);
+  EXPECT_EQ(dl.dtype.lanes, 1);
+  EXPECT_EQ(dl.dtype.bits, size_of(d) * 8);
+  EXPECT_EQ(dl.dtype.code, to_dl_dtype(d).code);
+
+  Tensor u = from_dlpack(m);
+  EXPECT_EQ(u.raw_data(), t.raw_data());  // same bytes, no copy
+  EXPECT_EQ(u.dtype(), d);
+  EXPECT_EQ(u.shape(), t.shape());
+  EXPECT_EQ(u, t);
+  EXPECT_EQ(u.device(), kHostDevice);
+}
+
+TEST_P(DLPackRoundTripTest, ImportedTensorKeepsExportedStorageAlive) {
+  const DType d = GetParam();
+  const Tensor expected = iota(d, Shape{5}, 2);
+  Tensor u;
+  {
+    Tensor t = expected.clone();
+    u = from_dlpack(to_dlpack(t));
+    EXPECT_EQ(t.storage().use_count(), 2);  // t and the export context
+  }
+  EXPECT_EQ(u, expected);  // t is gone; its bytes live on through the DLPack context (ASan checks)
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, DLPackRoundTripTest, ::testing::ValuesIn(kAllDTypes),
+                         [](const ::testing::TestParamInfo<DType>& p) { return std::string(to_string(p.param)); });
+
+TEST(DLPackTest, DTypeCodes) {
+  EXPECT_EQ(to_dl_dtype(DType::kInt8).code, kDLInt);
+  EXPECT_EQ(to_dl_dtype(DType::kInt64).code, kDLInt);
+  EXPECT_EQ(to_dl_dtype(DType::kInt64).bits, 64);
+  EXPECT_EQ(to_dl_dtype(DType::kUInt8).code, kDLUInt);
+  EXPECT_EQ(to_dl_dtype(DType::kFloat16).code, kDLFloat);
+  EXPECT_EQ(to_dl_dtype(DType::kFloat16).bits, 16);
+  EXPECT_EQ(to_dl_dtype(DType::kBFloat16).code, kDLBfloat);
+  EXPECT_EQ(to_dl_dtype(DType::kBool).code, 6);  // kDLBool of DLPack 0.8
+  EXPECT_EQ(to_dl_dtype(DType::kBool).bits, 8);
+  for (DType d : kAllDTypes) EXPECT_EQ(to_dl_dtype(d).lanes, 1) << to_string(d);
+}
+
+TEST(DLPackTest, ScalarAndEmptyTensorsRoundTrip) {
+  Tensor s = constant(3.5);
+  Tensor u = from_dlpack(to_dlpack(s));
+  EXPECT_EQ(u.rank(), 0);
+  EXPECT_EQ(u.scalar<double>(), 3.5);
+  EXPECT_EQ(u.raw_data(), s.raw_data());
+
+  Tensor e = constant(std::vector<int>{}, Shape{0, 3});
+  Tensor v = from_dlpack(to_dlpack(e));
+  EXPECT_EQ(v.shape(), (Shape{0, 3}));
+  EXPECT_EQ(v, e);
+}
+
+TEST(DLPackTest, ExportedDeleterReleasesTheStorage) {
+  Tensor t = constant({1, 2, 3});
+  DLManagedTensor* m = to_dlpack(t);
+  EXPECT_EQ(t.storage().use_count(), 2);
+  m->deleter(m);
+  EXPECT_EQ(t.storage().use_count(), 1);
+}
+
+// ---- ownership of imports -------------------------------------------------------
+
+TEST(DLPackTest, DeleterRunsOnceWhenTheLastCopyDies) {
+  std::vector<float> buf{1.f, 2.f, 3.f, 4.f, 5.f, 6.f};
+  Owned o(buf.data(), kF32, {2, 3});
+  {
+    Tensor t = from_dlpack(&o.managed);
+    EXPECT_EQ(t.raw_data(), buf.data());
+    EXPECT_EQ(t.shape(), (Shape{2, 3}));
+    EXPECT_EQ(t.at<float>({1, 2}), 6.f);
+    Tensor copy = t;
+    Tensor reshaped = t.reshape(Shape{6});
+    {
+      Tensor moved = std::move(copy);
+      (void)moved;
+    }
+    t = Tensor();
+    EXPECT_EQ(o.deleted, 0);  // `reshaped` still holds the storage
+    EXPECT_EQ(reshaped.at<float>({4}), 5.f);
+    buf[4] = 50.f;  // no copy was made: writes to the producer's memory show through
+    EXPECT_EQ(reshaped.at<float>({4}), 50.f);
+  }
+  EXPECT_EQ(o.deleted, 1);
+}
+
+TEST(DLPackTest, NullDeleterIsAllowed) {
+  std::vector<std::int32_t> buf{4, 5};
+  Owned o(buf.data(), kI32, {2});
+  o.managed.deleter = nullptr;
+  {
+    Tensor t = from_dlpack(&o.managed);
+    EXPECT_EQ(t, constant({4, 5}));
+  }
+  EXPECT_EQ(o.deleted, 0);
+}
+
+TEST(DLPackTest, ByteOffsetIsHonoured) {
+  std::vector<std::int32_t> buf{10, 11, 12, 13, 14, 15};
+  Owned o(buf.data(), kI32, {2, 2});
+  o.managed.dl_tensor.byte_offset = 2 * sizeof(std::int32_t);
+  {
+    Tensor t = from_dlpack(&o.managed);
+    EXPECT_EQ(t.raw_data(), buf.data() + 2);
+    EXPECT_EQ(t, constant({{12, 13}, {14, 15}}));
+  }
+  EXPECT_EQ(o.deleted, 1);
+}
+
+TEST(DLPackTest, SizeOneDimensionsMayHaveAnyStride) {
+  std::vector<float> buf{1.f, 2.f, 3.f};
+  Owned o(buf.data(), kF32, {1, 3, 1}, {999, 1, -7});
+  {
+    Tensor t = from_dlpack(&o.managed);
+    EXPECT_EQ(t.shape(), (Shape{1, 3, 1}));
+    EXPECT_EQ(t.at<float>({0, 2, 0}), 3.f);
+  }
+  EXPECT_EQ(o.deleted, 1);
+}
+
+TEST(DLPackTest, CompactStridesAndCudaHostAccepted) {
+  std::vector<std::int32_t> buf{1, 2, 3, 4, 5, 6};
+  Owned o(buf.data(), kI32, {3, 2}, {2, 1});
+  o.managed.dl_tensor.device = {kDLCUDAHost, 0};
+  {
+    Tensor t = from_dlpack(&o.managed);
+    EXPECT_EQ(t, constant({{1, 2}, {3, 4}, {5, 6}}));
+  }
+  EXPECT_EQ(o.deleted, 1);
+}
+
+TEST(DLPackTest, EmptyTensorMayHaveNullDataAndAnyStrides) {
+  Owned o(nullptr, kF32, {0, 4}, {1, 1});
+  {
+    Tensor t = from_dlpack(&o.managed);
+    EXPECT_EQ(t.shape(), (Shape{0, 4}));
+    EXPECT_EQ(t.num_elements(), 0);
+  }
+  EXPECT_EQ(o.deleted, 1);
+}
+
+// ---- rejections ---------------------------------------------------------------
+
+TEST(DLPackRejectTest, NonCompactStrides) {
+  std::vector<float> buf(12);
+  Owned transposed(buf.data(), kF32, {3, 4}, {1, 3});
+  expect_rejected(transposed, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("row-major"), std::string::npos) << e.what();
+  });
+  Owned padded(buf.data(), kF32, {2, 3}, {4, 1});
+  expect_rejected(padded, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
+  Owned strided(buf.data(), kF32, {6}, {2});
+  expect_rejected(strided, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
+}
+
+TEST(DLPackRejectTest, LanesOtherThanOne) {
+  std::vector<float> buf(8);
+  Owned o(buf.data(), DLDataType{kDLFloat, 32, 4}, {2});
+  expect_rejected(o, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("lanes 4"), std::string::npos) << e.what();
+  });
+}
+
+struct BadDType {
+  const char* name;
+  DLDataType dtype;
+};
+
+class DLPackBadDTypeTest : public ::testing::TestWithParam<BadDType> {};
+
+TEST_P(DLPackBadDTypeTest, Rejected) {
+  std::vector<std::uint64_t> buf(4);
+  Owned o(buf.data(), GetParam().dtype, {2});
+  expect_rejected(o, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype"), std::string::npos) << e.what();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    UnsupportedBits, DLPackBadDTypeTest,
+    ::testing::Values(BadDType{"Int24", {kDLInt, 24, 1}}, BadDType{"Int1", {kDLInt, 1, 1}},
+                      BadDType{"UInt16", {kDLUInt, 16, 1}}, BadDType{"UInt32", {kDLUInt, 32, 1}},
+                      BadDType{"UInt64", {kDLUInt, 64, 1}}, BadDType{"Float8", {kDLFloat, 8, 1}},
+                      BadDType{"Float128", {kDLFloat, 128, 1}}, BadDType{"BFloat32", {kDLBfloat, 32, 1}},
+                      BadDType{"Bool16", {6, 16, 1}}, BadDType{"Complex64", {kDLComplex, 64, 1}},
+                      BadDType{"OpaqueHandle", {kDLOpaqueHandle, 64, 1}}, BadDType{"UnknownCode", {42, 32, 1}}),
+    [](const ::testing::TestParamInfo<BadDType>& p) { return std::string(p.param.name); });
+
+TEST(DLPackRejectTest, NonCpuDeviceIsUnimplemented) {
+  std::vector<float> buf(2);
+  for (DLDeviceType dev : {kDLCUDA, kDLOpenCL, kDLVulkan, kDLMetal, kDLROCM}) {
+    Owned o(buf.data(), kF32, {2});
+    o.managed.dl_tensor.device = {dev, 0};
+    expect_rejected(o, [&](const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnimplemented) << "device " << dev;
+      EXPECT_NE(dynamic_cast<const UnimplementedError*>(&e), nullptr);
+    });
+  }
+}
+
+TEST(DLPackRejectTest, NullDataWithElements) {
+  Owned o(nullptr, kF32, {2, 2});
+  expect_rejected(o, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("null data"), std::string::npos) << e.what();
+  });
+}
+
+TEST(DLPackRejectTest, MisalignedByteOffset) {
+  std::vector<std::int32_t> buf(4);
+  Owned o(buf.data(), kI32, {2});
+  o.managed.dl_tensor.byte_offset = 2;
+  expect_rejected(o, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("byte_offset 2"), std::string::npos) << e.what();
+  });
+}
+
+TEST(DLPackRejectTest, NegativeOrMissingShape) {
+  std::vector<float> buf(4);
+  Owned negative(buf.data(), kF32, {2, -1});
+  expect_rejected(negative, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
+  Owned missing(buf.data(), kF32, {2});
+  missing.managed.dl_tensor.shape = nullptr;
+  expect_rejected(missing, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
+  Owned negative_ndim(buf.data(), kF32, {});
+  negative_ndim.managed.dl_tensor.ndim = -1;
+  expect_rejected(negative_ndim, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
+}
+
+TEST(DLPackRejectTest, NullManagedTensor) { EXPECT_THROW(from_dlpack(nullptr), InvalidArgumentError); }
+
+}  // namespace
+}  // namespace distribute

@@ -1,0 +1,127 @@
+// Tests of indexed_slices.h: validation, to_dense (duplicates add up),
+// equality and printing.
+#include "distribute/indexed_slices.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+namespace distribute {
+namespace {
+
+std::string construction_error(Tensor values, Tensor indices, Shape dense_shape) {
+  try {
+    IndexedSlices s(std::move(values), std::move(indices), std::move(dense_shape));
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw the wrong type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "did not throw";
+  return {};
+}
+
+TEST(IndexedSlicesTest, Accessors) {
+  IndexedSlices g(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2});
+  EXPECT_EQ(g.values(), constant({{1.f, 2.f}}));
+  EXPECT_EQ(g.indices(), constant({3}));
+  EXPECT_EQ(g.dense_shape(), (Shape{10, 2}));
+  EXPECT_EQ(g.dtype(), DType::kFloat32);
+}
+
+TEST(IndexedSlicesTest, ValidationErrors) {
+  const Tensor rows = constant({{1.f, 2.f}, {3.f, 4.f}});
+  std::string msg = construction_error(rows, constant({0.f, 1.f}), Shape{4, 2});
+  EXPECT_NE(msg.find("int32 or int64"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("float32"), std::string::npos) << msg;
+
+  msg = construction_error(rows, constant({{0, 1}}), Shape{4, 2});
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+
+  msg = construction_error(constant(1.f), constant(std::vector<int>{}, Shape{0}), Shape{4});
+  EXPECT_NE(msg.find("rank >= 1"), std::string::npos) << msg;
+
+  msg = construction_error(rows, constant({0, 1, 2}), Shape{4, 2});
+  EXPECT_NE(msg.find("number of slices"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(2, 2)"), std::string::npos) << msg;  // the message shows the shapes
+  EXPECT_NE(msg.find("(3,)"), std::string::npos) << msg;
+
+  msg = construction_error(rows, constant({0, 1}), Shape{4, 2, 1});
+  EXPECT_NE(msg.find("different ranks"), std::string::npos) << msg;
+
+  msg = construction_error(rows, constant({0, 1}), Shape{4, 3});
+  EXPECT_NE(msg.find("dense_shape[1:]"), std::string::npos) << msg;
+
+  msg = construction_error(rows, constant({0, 4}), Shape{4, 2});
+  EXPECT_NE(msg.find("index 4 at position 1"), std::string::npos) << msg;
+
+  msg = construction_error(rows, constant({std::int64_t{-1}, std::int64_t{0}}), Shape{4, 2});
+  EXPECT_NE(msg.find("index -1 at position 0"), std::string::npos) << msg;
+
+  EXPECT_FALSE(construction_error(constant({1.f}), constant({0}), Shape{0}).empty());
+}
+
+TEST(IndexedSlicesTest, AcceptsInt32AndInt64IndicesAndEmptySlices) {
+  EXPECT_NO_THROW(IndexedSlices(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2}));
+  EXPECT_NO_THROW(IndexedSlices(constant({{1.f, 2.f}}), constant({std::int64_t{9}}), Shape{10, 2}));
+  IndexedSlices none(constant(std::vector<float>{}, Shape{0, 2}), constant(std::vector<int>{}, Shape{0}),
+                     Shape{3, 2});
+  Tensor d = none.to_dense();
+  EXPECT_EQ(d, Tensor(DType::kFloat32, Shape{3, 2}));
+}
+
+TEST(IndexedSlicesTest, ToDenseSumsDuplicateRows) {
+  IndexedSlices g(constant({{1.f, 2.f}, {10.f, 20.f}, {100.f, 200.f}}), constant({3, 0, 3}), Shape{5, 2});
+  Tensor d = g.to_dense();
+  EXPECT_EQ(d.shape(), (Shape{5, 2}));
+  EXPECT_EQ(d, constant({{10.f, 20.f}, {0.f, 0.f}, {0.f, 0.f}, {101.f, 202.f}, {0.f, 0.f}}));
+}
+
+TEST(IndexedSlicesTest, ToDenseIntegerRowsOfHigherRank) {
+  // values (3, 1, 2) into dense (2, 1, 2), int64 indices.
+  Tensor values = constant({{{1, 2}}, {{3, 4}}, {{5, 6}}});
+  IndexedSlices g(values, constant({std::int64_t{1}, std::int64_t{1}, std::int64_t{1}}), Shape{2, 1, 2});
+  EXPECT_EQ(g.to_dense(), constant({{{0, 0}}, {{9, 12}}}));
+}
+
+TEST(IndexedSlicesTest, ToDenseOfVectors) {
+  IndexedSlices g(constant({1.5, 2.5, -1.0}), constant({2, 0, 2}), Shape{4});
+  EXPECT_EQ(g.to_dense(), constant({2.5, 0.0, 0.5, 0.0}));
+}
+
+TEST(IndexedSlicesTest, ToDenseKeepsDTypeAndDevice) {
+  const std::string dev = "/job:localhost/replica:0/task:0/device:CPU:1";
+  IndexedSlices g(cast(constant({{1, 2}, {3, 4}}), DType::kFloat16).with_device(dev), constant({1, 1}), Shape{2, 2});
+  Tensor d = g.to_dense();
+  EXPECT_EQ(d.dtype(), DType::kFloat16);
+  EXPECT_EQ(d.device(), dev);
+  EXPECT_EQ(cast(d, DType::kFloat32), constant({{0.f, 0.f}, {4.f, 6.f}}));
+}
+
+TEST(IndexedSlicesTest, Equality) {
+  IndexedSlices a(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2});
+  IndexedSlices same(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2});
+  EXPECT_TRUE(a == same);
+  EXPECT_FALSE(a == IndexedSlices(constant({{1.f, 2.5f}}), constant({3}), Shape{10, 2}));
+  EXPECT_FALSE(a == IndexedSlices(constant({{1.f, 2.f}}), constant({4}), Shape{10, 2}));
+  EXPECT_FALSE(a == IndexedSlices(constant({{1.f, 2.f}}), constant({std::int64_t{3}}), Shape{10, 2}));
+  EXPECT_FALSE(a == IndexedSlices(constant({{1.f, 2.f}}), constant({3}), Shape{11, 2}));
+}
+
+TEST(IndexedSlicesTest, Repr) {
+  IndexedSlices g(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2});
+  const std::string want =
+      "IndexedSlices(indices=<tf.Tensor: shape=(1,), dtype=int32, numpy=array([3], dtype=int32)>, "
+      "values=<tf.Tensor: shape=(1, 2), dtype=float32, numpy=array([[1., 2.]], dtype=float32)>, "
+      "dense_shape=(10, 2))";
+  EXPECT_EQ(g.repr(), want);
+  EXPECT_EQ(repr(g), want);
+  std::ostringstream os;
+  os << g;
+  EXPECT_EQ(os.str(), want);
+}
+
+}  // namespace
+}  // namespace distribute
