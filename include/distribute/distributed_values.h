@@ -140,20 +140,6 @@ decltype(auto) select_replica(std::size_t replica, const T& value) {
 }
 
 // ---- printing ---------------------------------------------------------------
-namespace internal {
-template <class T>
-std::string value_repr(const T& v) {
-  if constexpr (requires { repr(v); }) {
-    return repr(v);
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return v ? "True" : "False";
-  } else {
-    std::ostringstream os;
-    os << v;
-    return os.str();
-  }
-}
-}  // namespace internal
 
 // TensorFlow's layout: "PerReplica:{\n  0: ...,\n  1: ...\n}".
 template <class D>
@@ -161,7 +147,7 @@ template <class D>
 std::string repr(const D& d) {
   std::string s = std::string(D::kName) + ":{\n";
   for (std::size_t i = 0; i < d.size(); ++i) {
-    s += "  " + std::to_string(i) + ": " + internal::value_repr(d.values()[i]);
+    s += "  " + std::to_string(i) + ": " + internal::leaf_repr(d.values()[i]);
     s += i + 1 < d.size() ? ",\n" : "\n";
   }
   return s + "}";
@@ -177,7 +163,7 @@ std::ostream& operator<<(std::ostream& os, const D& d) {
 template <class T>
 std::string repr(const std::vector<T>& values) {
   std::string s = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + internal::value_repr(values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + internal::leaf_repr(values[i]);
   return s + "]";
 }
 
@@ -186,7 +172,7 @@ std::string repr(const std::vector<T>& values) {
 template <class T>
 std::string repr_tuple(const std::vector<T>& values) {
   std::string s = "(";
-  for (std::size_t i = 0; i < values.size(); ++i) s += (i ? ",\n " : "") + internal::value_repr(values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) s += (i ? ",\n " : "") + internal::leaf_repr(values[i]);
   if (values.size() == 1) s += ",";
   return s + ")";
 }

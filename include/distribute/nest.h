@@ -261,10 +261,13 @@ template <class T>
 std::string repr(const Nest<T>& n);
 
 namespace internal {
+// repr(leaf) where one exists, Python's True/False for bool, else operator<<.
 template <class T>
 std::string leaf_repr(const T& leaf) {
   if constexpr (requires { repr(leaf); }) {
     return repr(leaf);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return leaf ? "True" : "False";
   } else {
     std::ostringstream os;
     os << leaf;

@@ -251,7 +251,7 @@ class ArrayFormatter {
       any_nonzero = true;
     }
     const bool scientific = any_nonzero && (max_abs >= 1e8 || min_abs < 1e-4 || max_abs / min_abs > 1e3);
-    std::vector<std::string> ints(values_.size()), fracs(values_.size()), exps(values_.size());
+    std::vector<std::string> ints(values_.size()), fracs(values_.size()), exps(values_.size()), tails(values_.size());
     std::size_t pad_left = 0, pad_right = 0;
     if (scientific) {
       int precision = 0;
@@ -278,20 +278,8 @@ class ArrayFormatter {
         pad_left = std::max(pad_left, ints[i].size());
       }
       pad_right = static_cast<std::size_t>(exp_size + 2 + precision);
-      if (any_nonfinite) {
-        const std::size_t offset = pad_right + 1;
-        const std::size_t inf_len = 3 + (neg_inf ? 1 : 0);
-        pad_left = std::max({pad_left, 3 > offset ? 3 - offset : 0, inf_len > offset ? inf_len - offset : 0});
-      }
-      for (std::size_t i = 0; i < values_.size(); ++i) {
-        if (!std::isfinite(values_[i])) {
-          const std::string special = special_text(values_[i]);
-          const std::size_t width = pad_left + pad_right + 1;
-          texts_.push_back(std::string(width > special.size() ? width - special.size() : 0, ' ') + special);
-        } else {
-          texts_.push_back(std::string(pad_left - ints[i].size(), ' ') + ints[i] + "." + fracs[i] + exps[i]);
-        }
-      }
+      for (std::size_t i = 0; i < values_.size(); ++i) tails[i] = "." + fracs[i] + exps[i];
+      emit(ints, tails, pad_left, pad_right, any_nonfinite, neg_inf);
       return;
     }
     for (std::size_t i = 0; i < values_.size(); ++i) {
@@ -301,6 +289,15 @@ class ArrayFormatter {
       pad_right = std::max(pad_right, fracs[i].size());
     }
     if (!any_finite) pad_left = pad_right = 0;
+    for (std::size_t i = 0; i < values_.size(); ++i) tails[i] = "." + fracs[i] + std::string(pad_right - fracs[i].size(), ' ');
+    emit(ints, tails, pad_left, pad_right, any_nonfinite, neg_inf);
+  }
+
+  // Right-aligns every finite value's integer part to pad_left and prints
+  // non-finite values right-aligned in the full width (numpy makes room for
+  // "nan" and "-inf" by widening pad_left).
+  void emit(const std::vector<std::string>& ints, const std::vector<std::string>& tails, std::size_t pad_left,
+            std::size_t pad_right, bool any_nonfinite, bool neg_inf) {
     if (any_nonfinite) {
       const std::size_t offset = pad_right + 1;
       const std::size_t inf_len = 3 + (neg_inf ? 1 : 0);
@@ -312,8 +309,7 @@ class ArrayFormatter {
         const std::size_t width = pad_left + pad_right + 1;
         texts_.push_back(std::string(width > special.size() ? width - special.size() : 0, ' ') + special);
       } else {
-        texts_.push_back(std::string(pad_left - ints[i].size(), ' ') + ints[i] + "." + fracs[i] +
-                         std::string(pad_right - fracs[i].size(), ' '));
+        texts_.push_back(std::string(pad_left - ints[i].size(), ' ') + ints[i] + tails[i]);
       }
     }
   }

@@ -48,16 +48,29 @@ std::vector<Signature> agree(ReplicaChannel& ch, const Signature& sig, const Col
   return sigs;
 }
 
-Signature start_signature(const char* op, const CollectiveCall& call, const CommunicationOptions& options) {
+// The common start of every collective: check the context, merge the options,
+// take the next sequence number and begin the signature (with the local
+// verdict on the options).
+struct CollectiveStart {
+  CommunicationOptions options;
+  CollectiveCall call;
   Signature sig;
-  sig.op = op;
-  sig.sequence = call.sequence;
+};
+
+CollectiveStart begin_collective(ReplicaContext& ctx, const char* op, const CommunicationOptions& options) {
+  internal::require_replica_context(ctx, op);
+  CollectiveStart start;
+  start.options = ctx.strategy().communication_options().merge(options);
+  internal::note_implementation(start.options);
+  start.call = internal::next_call(ctx.channel(), op, start.options);
+  start.sig.op = op;
+  start.sig.sequence = start.call.sequence;
   try {
-    options.validate();
+    start.options.validate();
   } catch (const Error& e) {
-    sig.set_error(e);
+    start.sig.set_error(e);
   }
-  return sig;
+  return start;
 }
 
 internal::LeafNamer namer_for(const std::vector<std::string>& paths) {
@@ -108,12 +121,8 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
 // ---- all_reduce ----------------------------------------------------------------
 
 Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, const CommunicationOptions& options) {
-  internal::require_replica_context(*this, "all_reduce");
-  const CommunicationOptions opts = strategy_->communication_options().merge(options);
-  internal::note_implementation(opts);
+  auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
-  const CollectiveCall call = internal::next_call(ch, "all_reduce", opts);
-  Signature sig = start_signature("all_reduce", call, opts);
   const std::vector<Tensor> leaves = value.flatten();
   sig.fields = {{"reduce op", std::string(to_string(op))},
                 {"structure", value.structure_string()},
@@ -137,12 +146,8 @@ std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Te
 
 IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value,
                                          const CommunicationOptions& options) {
-  internal::require_replica_context(*this, "all_reduce");
-  const CommunicationOptions opts = strategy_->communication_options().merge(options);
-  internal::note_implementation(opts);
+  auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
-  const CollectiveCall call = internal::next_call(ch, "all_reduce", opts);
-  Signature sig = start_signature("all_reduce", call, opts);
   sig.fields = {{"reduce op", std::string(to_string(op))},
                 {"structure", "IndexedSlices"},
                 {"dense_shape", value.dense_shape().to_string()},
@@ -184,12 +189,8 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
 // ---- all_gather ----------------------------------------------------------------
 
 Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, const CommunicationOptions& options) {
-  internal::require_replica_context(*this, "all_gather");
-  const CommunicationOptions opts = strategy_->communication_options().merge(options);
-  internal::note_implementation(opts);
+  auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
   ReplicaChannel& ch = *channel_;
-  const CollectiveCall call = internal::next_call(ch, "all_gather", opts);
-  Signature sig = start_signature("all_gather", call, opts);
   const std::vector<Tensor> leaves = value.flatten();
   const std::vector<std::string> paths = value.flatten_paths();
   sig.fields = {{"axis", std::to_string(axis)}, {"structure", value.structure_string()}};
@@ -239,11 +240,8 @@ std::vector<Tensor> ReplicaContext::all_gather(const std::vector<Tensor>& value,
 }
 
 IndexedSlices ReplicaContext::all_gather(const IndexedSlices&, int axis, const CommunicationOptions& options) {
-  internal::require_replica_context(*this, "all_gather");
-  const CommunicationOptions opts = strategy_->communication_options().merge(options);
+  auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
   ReplicaChannel& ch = *channel_;
-  const CollectiveCall call = internal::next_call(ch, "all_gather", opts);
-  Signature sig = start_signature("all_gather", call, opts);
   sig.fields = {{"axis", std::to_string(axis)}, {"structure", "IndexedSlices"}};
   sig.set_error(UnimplementedError("all_gather does not support IndexedSlices"));
   agree(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kAllButAxis, axis, nullptr);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/errors.h"
+
 #include <sstream>
 #include <string>
 
@@ -11,16 +13,8 @@ namespace distribute {
 namespace {
 
 std::string construction_error(Tensor values, Tensor indices, Shape dense_shape) {
-  try {
-    IndexedSlices s(std::move(values), std::move(indices), std::move(dense_shape));
-  } catch (const InvalidArgumentError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
+  return testing::error_message<InvalidArgumentError>(
+      [&] { IndexedSlices s(std::move(values), std::move(indices), std::move(dense_shape)); });
 }
 
 TEST(IndexedSlicesTest, Accessors) {

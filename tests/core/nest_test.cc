@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/errors.h"
+
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,19 +18,7 @@ namespace {
 
 using N = Nest<int>;
 
-template <class E, class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
+using testing::error_message;
 
 // {'b': [1, 2], 'a': 0, 'c': (3, {'y': 5, 'x': 4})} given out of order.
 N sample() {

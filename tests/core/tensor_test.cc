@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/errors.h"
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -25,20 +27,10 @@ std::vector<T> values_of(const Tensor& t) {
   return {f.begin(), f.end()};
 }
 
-// Runs `f` and returns the message of the InvalidArgumentError it throws
-// (fails the test if it throws something else or nothing).
+// The message of the error `f` throws (InvalidArgumentError unless given).
 template <class E = InvalidArgumentError, class F>
 std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
+  return testing::error_message<E>(std::forward<F>(f));
 }
 
 // ---- Shape ---------------------------------------------------------------------

@@ -19,10 +19,19 @@ Tensor ragged_value(DType dtype, std::vector<std::int64_t> dims, int axis, int r
               dtype == DType::kBool ? 0 : 1);
 }
 
-class AllGatherAxisTest : public ::testing::TestWithParam<std::tuple<int, int, DType>> {};
+class AllGatherAxisTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+void check_all_gather(int n, int axis, DType dtype);
 
 TEST_P(AllGatherAxisTest, EqualsConcatOfEveryReplicasValueInOrder) {
-  const auto [n, axis, dtype] = GetParam();
+  const auto [axis, dtype] = GetParam();
+  for (int n : testing::kReplicaCounts) {
+    SCOPED_TRACE("replicas=" + std::to_string(n));
+    check_all_gather(n, axis, dtype);
+  }
+}
+
+void check_all_gather(int n, int axis, DType dtype) {
   const std::vector<std::int64_t> dims = {2, 3, 2};
   auto s = testing::mirrored(n);
   for (std::int64_t extra : {0, 1}) {
@@ -40,13 +49,11 @@ TEST_P(AllGatherAxisTest, EqualsConcatOfEveryReplicasValueInOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, AllGatherAxisTest,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values(0, 1, 2, -1),
-                                            ::testing::ValuesIn(kAllDTypes)),
+                         ::testing::Combine(::testing::Values(0, 1, 2, -1), ::testing::ValuesIn(kAllDTypes)),
                          [](const auto& p) {
-                           const int axis = std::get<1>(p.param);
-                           return "n" + std::to_string(std::get<0>(p.param)) + "_axis" +
-                                  (axis < 0 ? "m" + std::to_string(-axis) : std::to_string(axis)) + "_" +
-                                  std::string(to_string(std::get<2>(p.param)));
+                           const int axis = std::get<0>(p.param);
+                           return "axis" + (axis < 0 ? "m" + std::to_string(-axis) : std::to_string(axis)) + "_" +
+                                  std::string(to_string(std::get<1>(p.param)));
                          });
 
 TEST(AllGatherTest, ShapesFromTheSeedDocstring) {

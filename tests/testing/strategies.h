@@ -5,6 +5,8 @@
 #include <distribute/distribute.h>
 #include <gtest/gtest.h>
 
+#include "testing/errors.h"
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -31,13 +33,7 @@ inline const std::vector<int> kReplicaCounts = {1, 2, 3, 4, 7};
 // Runs `f` expecting it to throw E; returns the message.
 template <class E, class F>
 std::string expect_throw(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
+  return error_message<E>(std::forward<F>(f));
 }
 
 }  // namespace distribute::testing
