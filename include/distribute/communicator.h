@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,7 +32,21 @@ struct CollectiveCall {
   std::uint64_t sequence = 0;          // 1-based index of the collective in this run, per replica
   double timeout_seconds = 0;          // 0: wait forever
   double stall_warning_seconds = 0;    // 0: never warn
+  // Non-zero on the first call of a collective: a hash of what must agree
+  // (bit 0 set: this rank found its own arguments invalid). Before any data
+  // moves, a communicator compares the tags of all ranks; if they differ or
+  // any has bit 0, every rank throws internal::SignatureMismatch and the
+  // runtime exchanges full signatures to say what differs.
+  std::uint64_t signature_tag = 0;
 };
+
+namespace internal {
+// Thrown by a communicator, on every rank at once, when signature tags differ.
+class SignatureMismatch : public std::exception {
+ public:
+  const char* what() const noexcept override { return "collective signatures differ"; }
+};
+}  // namespace internal
 
 class Communicator {
  public:

@@ -15,12 +15,22 @@ __extension__ typedef __int128 int128;  // elements reduced per pass over the so
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
 
+template <class T, class = void>
+struct SumType {
+  using type = std::conditional_t<is_half_v<T>, float, T>;
+};
+template <class T>
+struct SumType<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  using type = std::make_unsigned_t<T>;
+};
+
 // The type in which values of T are combined for `op`.
 template <class T>
 struct Accumulator {
-  using sum = std::conditional_t<is_half_v<T>, float,
-                                 std::conditional_t<std::is_integral_v<T> && !std::is_same_v<T, bool>,
-                                                    std::uint64_t, T>>;
+  // Integers wrap: the unsigned type of the same width gives the same bits
+  // as two's complement wrap-around, with no undefined behaviour, at full
+  // vector width.
+  using sum = typename SumType<T>::type;
   using mean = std::conditional_t<is_half_v<T>, float,
                                   std::conditional_t<std::is_same_v<T, std::int64_t>, int128,
                                                      std::conditional_t<std::is_integral_v<T>, std::int64_t, T>>>;
@@ -30,8 +40,6 @@ template <class A, class T>
 A load(const T& v) {
   if constexpr (is_half_v<T>) {
     return static_cast<float>(v);
-  } else if constexpr (std::is_same_v<A, std::uint64_t> && std::is_signed_v<T>) {
-    return static_cast<std::uint64_t>(static_cast<std::int64_t>(v));  // sign-extend, then wrap
   } else {
     return static_cast<A>(v);
   }
@@ -61,18 +69,37 @@ A nan_max(A a, A b) {
   return a < b ? b : a;
 }
 
+// dst[i] = finish(combine(...combine(s0[i], s1[i])..., s[k-1][i])), a block at
+// a time: the first two sources are combined in one pass, later ones folded in
+// from L1, and with two sources the result goes straight to dst. Every
+// element is read from all sources before dst[i] is written, so dst may alias
+// any source.
 template <class T, class A, class Combine, class Finish>
-void reduce_blocks(T* dst, std::span<const void* const> srcs, std::size_t count, Combine combine, Finish finish) {
+void reduce_blocks(T* dst_base, std::span<const void* const> srcs, std::size_t count, Combine combine,
+                   Finish finish) {
+  const std::size_t k = srcs.size();
+  if (k == 1) {
+    const T* s0 = static_cast<const T*>(srcs[0]);
+    for (std::size_t i = 0; i < count; ++i) dst_base[i] = store<T>(finish(load<A>(s0[i])));
+    return;
+  }
   A acc[kBlock];
   for (std::size_t base = 0; base < count; base += kBlock) {
     const std::size_t n = std::min(kBlock, count - base);
     const T* s0 = static_cast<const T*>(srcs[0]) + base;
-    for (std::size_t i = 0; i < n; ++i) acc[i] = load<A>(s0[i]);
-    for (std::size_t k = 1; k < srcs.size(); ++k) {
-      const T* sk = static_cast<const T*>(srcs[k]) + base;
-      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], load<A>(sk[i]));
+    const T* s1 = static_cast<const T*>(srcs[1]) + base;
+    T* dst = dst_base + base;
+    if (k == 2) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(load<A>(s0[i]), load<A>(s1[i]));
+      for (std::size_t i = 0; i < n; ++i) dst[i] = store<T>(finish(acc[i]));
+      continue;
     }
-    for (std::size_t i = 0; i < n; ++i) dst[base + i] = store<T>(finish(acc[i]));
+    for (std::size_t i = 0; i < n; ++i) acc[i] = combine(load<A>(s0[i]), load<A>(s1[i]));
+    for (std::size_t j = 2; j < k; ++j) {
+      const T* sj = static_cast<const T*>(srcs[j]) + base;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], load<A>(sj[i]));
+    }
+    for (std::size_t i = 0; i < n; ++i) dst[i] = store<T>(finish(acc[i]));
   }
 }
 
@@ -101,7 +128,11 @@ void reduce_typed(T* dst, std::span<const void* const> srcs, std::size_t count, 
         reduce_blocks<T, Sum>(dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a + b); }, same);
         return;
       case ReduceOp::kProduct:
-        reduce_blocks<T, Sum>(dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a * b); }, same);
+        // Widen to at least unsigned int first: uint16 * uint16 would promote to int and overflow.
+        reduce_blocks<T, Sum>(
+            dst, srcs, count,
+            [](Sum a, Sum b) { return static_cast<Sum>(static_cast<std::common_type_t<Sum, unsigned>>(a) * b); },
+            same);
         return;
       case ReduceOp::kMin:
         reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return nan_min(a, b); }, same);
@@ -121,6 +152,17 @@ void reduce_typed(T* dst, std::span<const void* const> srcs, std::size_t count, 
 
 }  // namespace
 
+// Compiled three times (AVX-512, AVX2, baseline x86-64) with every kernel
+// inlined into each copy (flatten); the dynamic loader picks the copy for the
+// CPU at hand (GCC function multi-versioning, resolved once through an ifunc).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define DISTRIBUTE_KERNEL_CLONES __attribute__((flatten, target_clones("avx512f", "avx2", "default")))
+#else
+#define DISTRIBUTE_KERNEL_CLONES
+#endif
+
+DISTRIBUTE_KERNEL_CLONES
 void reduce_sources(void* dst, std::span<const void* const> srcs, std::size_t count, DType dtype, ReduceOp op,
                     std::int64_t mean_divisor) {
   if (count == 0 || srcs.empty()) return;

@@ -1,13 +1,111 @@
 #include "core/storage.h"
 
+#include <cstdlib>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 namespace distribute::internal {
+namespace {
+
+// Size classes: 4 per power of two (at most 25% slack), like jemalloc's.
+std::size_t size_class(std::size_t bytes) {
+  std::size_t top = std::size_t{1} << (63 - __builtin_clzll(bytes));  // highest power of two <= bytes
+  const std::size_t step = top >= 4 ? top / 4 : 1;
+  return (bytes + step - 1) / step * step;
+}
+
+void* system_allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{kStorageAlignment}); }
+void system_free(void* p) { ::operator delete(p, std::align_val_t{kStorageAlignment}); }
+
+std::size_t cache_limit_from_env() {
+  const char* text = std::getenv("DISTRIBUTE_STORAGE_CACHE_BYTES");
+  if (text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    if (end != text && *end == '\0') return static_cast<std::size_t>(v);
+  }
+  return std::size_t{2} << 30;  // 2 GiB
+}
+
+class StorageCache {
+ public:
+  void* take(std::size_t cls) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(cls);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= cls;
+        ++reused_;
+        return p;
+      }
+      ++fresh_;
+    }
+    return system_allocate(cls);
+  }
+
+  void give_back(void* p, std::size_t cls) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_bytes_ + cls <= limit_) {
+        free_[cls].push_back(p);
+        cached_bytes_ += cls;
+        return;
+      }
+    }
+    system_free(p);
+  }
+
+  StorageStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {fresh_, reused_, cached_bytes_, limit_};
+  }
+
+  void release() {
+    std::unordered_map<std::size_t, std::vector<void*>> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks.swap(free_);
+      cached_bytes_ = 0;
+    }
+    for (auto& [cls, list] : blocks) {
+      for (void* p : list) system_free(p);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;
+  std::size_t cached_bytes_ = 0;
+  const std::size_t limit_ = cache_limit_from_env();
+  std::uint64_t fresh_ = 0;
+  std::uint64_t reused_ = 0;
+};
+
+// Never destroyed: tensors may be freed by threads still running at exit.
+StorageCache& cache() {
+  static StorageCache* instance = new StorageCache();
+  return *instance;
+}
+
+}  // namespace
 
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  auto* p = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{kStorageAlignment}));
-  return std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{kStorageAlignment}); });
+  if (bytes < kCachedMinBytes) {
+    auto* p = static_cast<std::byte*>(system_allocate(bytes));
+    return std::shared_ptr<std::byte>(p, [](std::byte* q) { system_free(q); });
+  }
+  const std::size_t cls = size_class(bytes);
+  auto* p = static_cast<std::byte*>(cache().take(cls));
+  return std::shared_ptr<std::byte>(p, [cls](std::byte* q) { cache().give_back(q, cls); });
 }
+
+StorageStats storage_stats() { return cache().stats(); }
+
+void release_cached_storage() { cache().release(); }
 
 }  // namespace distribute::internal

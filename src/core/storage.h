@@ -1,15 +1,36 @@
 // Storage for tensor bytes: 64-byte aligned so kernels may use aligned vector
 // loads, shared so that copies and views of a Tensor need no copy of the bytes.
+//
+// Large blocks are cached: when the last Tensor using a block goes away, the
+// block goes back to a free list of its size class instead of to the system.
+// On these machines first touch of fresh memory costs about 16 us per 4 KiB
+// page (0.25 GB/s), so a collective that gets fresh output pages every call
+// would run at a tenth of memory speed; with the cache, a steady-state step
+// reuses the same pages and takes no page faults.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace distribute::internal {
 
 inline constexpr std::size_t kStorageAlignment = 64;
+// Blocks from this size up are cached (smaller ones come from malloc's own
+// reused heap and do not fault).
+inline constexpr std::size_t kCachedMinBytes = 4096;
 
 // Uninitialised bytes; nullptr for 0 bytes.
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes);
+
+struct StorageStats {
+  std::uint64_t fresh_blocks = 0;   // cached-size blocks taken from the system
+  std::uint64_t reused_blocks = 0;  // cached-size blocks served from the cache
+  std::size_t cached_bytes = 0;     // bytes now idle in the cache
+  std::size_t cache_limit = 0;      // most bytes the cache keeps idle
+};
+StorageStats storage_stats();
+// Returns every idle cached block to the system.
+void release_cached_storage();
 
 }  // namespace distribute::internal

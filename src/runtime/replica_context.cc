@@ -37,10 +37,31 @@ std::vector<std::string> ReplicaContext::devices() const {
 
 namespace {
 
-// Exchanges `sig` with every replica and checks agreement; returns all signatures.
-std::vector<Signature> agree(ReplicaChannel& ch, const Signature& sig, const CollectiveCall& call, int first_replica,
+// The slow path after a SignatureMismatch: every replica exchanges its full
+// signature and the same check raises the same detailed error everywhere.
+[[noreturn]] void explain_mismatch(Communicator& comm, const Signature& sig, CollectiveCall call, int first_replica,
+                                   internal::ShapeRule rule, int axis, const internal::LeafNamer& namer) {
+  call.signature_tag = 0;
+  std::vector<std::string> payloads = comm.exchange(sig.encode(), call);
+  std::vector<Signature> sigs;
+  for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
+  internal::check_signatures(sigs, first_replica, rule, axis, namer);
+  throw InternalError(std::string(sig.op) + " #" + std::to_string(sig.sequence) +
+                      ": signature tags differ but the signatures agree (a hash collision)");
+}
+
+// Exchanges full signatures (the first round, tagged by op, sequence and
+// fields) and checks them; returns all signatures (all_gather needs the
+// other replicas' shapes).
+std::vector<Signature> agree(ReplicaChannel& ch, const Signature& sig, CollectiveCall call, int first_replica,
                              internal::ShapeRule rule, int axis, const internal::LeafNamer& namer) {
-  std::vector<std::string> payloads = ch.comm->exchange(sig.encode(), call);
+  call.signature_tag = sig.tag(/*with_leaves=*/false);
+  std::vector<std::string> payloads;
+  try {
+    payloads = ch.comm->exchange(sig.encode(), call);
+  } catch (const internal::SignatureMismatch&) {
+    explain_mismatch(*ch.comm, sig, call, first_replica, rule, axis, namer);
+  }
   std::vector<Signature> sigs;
   sigs.reserve(payloads.size());
   for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
@@ -82,15 +103,20 @@ int first_replica_of_group(const ReplicaContext& ctx) {
 }
 
 // Reduces `leaves` (already agreed on) pack by pack.
+// The first pack's collective carries call.signature_tag, so the agreement
+// check rides on the first data round; later packs need none.
 std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>& leaves, ReduceOp op,
-                                  std::int64_t bytes_per_pack, const CollectiveCall& call, const std::string& device) {
+                                  std::int64_t bytes_per_pack, CollectiveCall call, const std::string& device) {
   std::vector<Tensor> out(leaves.size());
-  for (const internal::Pack& pack : internal::plan_packs(leaves, bytes_per_pack)) {
+  const std::vector<internal::Pack> packs = internal::plan_packs(leaves, bytes_per_pack);
+  if (packs.empty()) ch.comm->barrier(call);  // nothing to move, but the signature must still agree
+  for (const internal::Pack& pack : packs) {
     const std::size_t esz = size_of(pack.dtype);
     if (pack.leaves.size() == 1) {  // no staging copy for a lone value
       const Tensor& leaf = leaves[pack.leaves[0]];
       Tensor result = Tensor::uninitialized(leaf.dtype(), leaf.shape(), device);
       ch.comm->all_reduce(leaf.raw_data(), result.mutable_raw_data(), pack.count, pack.dtype, op, call);
+      call.signature_tag = 0;
       ++ch.data_calls;
       out[pack.leaves[0]] = std::move(result);
       continue;
@@ -104,6 +130,7 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
     }
     std::shared_ptr<std::byte> result = internal::allocate_storage(pack.count * esz);
     ch.comm->all_reduce(staging, result.get(), pack.count, pack.dtype, op, call);
+    call.signature_tag = 0;
     ++ch.data_calls;
     offset = 0;
     for (std::size_t i : pack.leaves) {  // results are views into the pack: no copy back
@@ -128,10 +155,18 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
                 {"structure", value.structure_string()},
                 {"bytes_per_pack", std::to_string(opts.bytes_per_pack)}};
   for (const Tensor& t : leaves) sig.leaves.push_back({t.dtype(), t.shape().dims()});
-  const std::vector<std::string> paths = value.flatten_paths();
-  agree(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, namer_for(paths));
+  // Fast path: the signature's hash travels with the first data round. Only if
+  // the hashes differ do the replicas exchange full signatures, to explain.
+  call.signature_tag = sig.tag(/*with_leaves=*/true);
   const std::string& device = strategy_->devices()[static_cast<std::size_t>(local_id_)];
-  return Nest<Tensor>::pack_sequence_as(value, reduce_packed(ch, leaves, op, opts.bytes_per_pack, call, device));
+  try {
+    return Nest<Tensor>::pack_sequence_as(
+        value, reduce_packed(ch, leaves, op, std::max<std::int64_t>(0, opts.bytes_per_pack), call, device));
+  } catch (const internal::SignatureMismatch&) {
+    const std::vector<std::string> paths = value.flatten_paths();
+    explain_mismatch(*ch.comm, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,
+                     namer_for(paths));
+  }
 }
 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options) {
@@ -261,15 +296,22 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   sig.sequence = call.sequence;
   sig.fields = {{"merge_fn and argument types", type_key}};
 
-  // Round 1: every local replica arrives with its signature and its arguments.
-  const auto& entries = ch.local->arrive(local_id_, {.send = args, .payload = sig.encode()}, call);
-  std::vector<Signature> sigs;
+  // Round 1: every local replica arrives with its arguments and its signature's
+  // hash; if the hashes differ, a second round exchanges full signatures.
   std::vector<const void*> all_args;
-  for (const auto& e : entries) {
-    sigs.push_back(Signature::decode(e.payload));
-    all_args.push_back(e.send);
+  try {
+    const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = sig.tag(false)}, call);
+    for (const auto& e : entries) all_args.push_back(e.send);
+  } catch (const internal::SignatureMismatch&) {
+    CollectiveCall explain = call;
+    explain.signature_tag = 0;
+    std::vector<Signature> sigs;
+    for (const auto& e : ch.local->arrive(local_id_, {.payload = sig.encode()}, explain)) {
+      sigs.push_back(Signature::decode(e.payload));
+    }
+    internal::check_signatures(sigs, replica_id_ - local_id_, internal::ShapeRule::kEqual, 0, nullptr);
+    throw InternalError("merge_call #" + std::to_string(call.sequence) + ": signature hashes differ but agree");
   }
-  internal::check_signatures(sigs, replica_id_ - local_id_, internal::ShapeRule::kEqual, 0, nullptr);
 
   // Round 2: replica 0 runs merge_fn in the cross-replica context and hands the
   // result to all. Waiting for merge_fn has no deadline: it may run whole steps.

@@ -121,6 +121,41 @@ Signature Signature::decode(std::string_view bytes) {
   return s;
 }
 
+namespace {
+// FNV-1a, 64 bit.
+struct Hasher {
+  std::uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, std::size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  }
+  void str(std::string_view s) {
+    u64(s.size());
+    bytes(s.data(), s.size());
+  }
+  void u64(std::uint64_t v) { bytes(&v, sizeof v); }
+};
+}  // namespace
+
+std::uint64_t Signature::tag(bool with_leaves) const {
+  Hasher h;
+  h.str(op);
+  h.u64(sequence);
+  for (const auto& [k, v] : fields) {
+    h.str(k);
+    h.str(v);
+  }
+  if (with_leaves) {
+    h.u64(leaves.size());
+    for (const auto& leaf : leaves) {
+      h.u64(static_cast<std::uint64_t>(leaf.dtype));
+      h.u64(leaf.dims.size());
+      h.bytes(leaf.dims.data(), leaf.dims.size() * sizeof(std::int64_t));
+    }
+  }
+  return (h.h & ~std::uint64_t{1}) | 2u | (error_code ? 1u : 0u);
+}
+
 void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule rule, int axis,
                       const LeafNamer& leaf_name) {
   const Signature& s0 = sigs.front();

@@ -41,6 +41,10 @@ struct Signature {
   }
   std::string encode() const;
   static Signature decode(std::string_view bytes);
+  // A 64-bit hash of what must agree across replicas: op, sequence, fields
+  // and, if `with_leaves`, every leaf's dtype and shape. Never 0; bit 0 is set
+  // when this replica recorded a local error (so the tags can never agree).
+  std::uint64_t tag(bool with_leaves) const;
 };
 
 // How leaf shapes must agree.

@@ -2,100 +2,180 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
+#include <thread>
 
 namespace distribute::internal {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-std::string op_label(const CollectiveCall& call) {
-  return std::string(call.op) + " #" + std::to_string(call.sequence);
-}
-
 Clock::time_point after(Clock::time_point start, double seconds) {
   if (seconds <= 0) return Clock::time_point::max();
   return start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+std::string op_label(std::string_view op, std::uint64_t sequence) {
+  return std::string(op) + " #" + std::to_string(sequence);
+}
+
+// How long a waiter spins before it sleeps. Waking a sleeping thread costs
+// 10 to 100 us here, so spinning a little longer than that is cheaper than
+// sleeping through a short wait. Spinning pays only while every member has a
+// core to run on; past that a spinner steals the core of the member it waits
+// for, so it does not spin at all. DISTRIBUTE_SPIN_MICROSECONDS overrides.
+int spin_microseconds_for(int size) {
+  if (const char* text = std::getenv("DISTRIBUTE_SPIN_MICROSECONDS"); text && *text) return std::atoi(text);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(size) <= cores ? 100 : 0;
+}
 }  // namespace
 
 LocalGroup::LocalGroup(int size)
-    : size_(size), arrived_(static_cast<std::size_t>(size)), done_(static_cast<std::size_t>(size)),
-      last_op_(static_cast<std::size_t>(size)) {
-  if (size <= 0) throw InvalidArgumentError("LocalGroup: size must be positive, got " + std::to_string(size));
+    : size_(size > 0 ? size : throw InvalidArgumentError("LocalGroup: size must be positive, got " +
+                                                         std::to_string(size))),
+      spin_microseconds_(spin_microseconds_for(size)),
+      members_(new Member[static_cast<std::size_t>(size)]),
+      inline_storage_(new std::byte[2 * kInlineBytes * static_cast<std::size_t>(size)]) {
   slots_[0].resize(static_cast<std::size_t>(size));
   slots_[1].resize(static_cast<std::size_t>(size));
+  for (int m = 0; m < size; ++m) {
+    for (int parity = 0; parity < 2; ++parity) {
+      std::byte* area = inline_storage_.get() + (2 * static_cast<std::size_t>(m) + static_cast<std::size_t>(parity)) * kInlineBytes;
+      std::memset(area, 0, kInlineBytes);  // fault the pages in now, not in a collective
+      members_[static_cast<std::size_t>(m)].inline_area[parity] = area;
+    }
+  }
 }
 
-std::string LocalGroup::list_members_locked(bool arrived) const {
+LocalGroup::~LocalGroup() = default;
+
+std::byte* LocalGroup::inline_area(int member) {
+  Member& me = members_[static_cast<std::size_t>(member)];
+  return me.inline_area[me.rounds.load(std::memory_order_relaxed) & 1];
+}
+
+std::string LocalGroup::list_members(std::uint64_t round, bool arrived) const {
   std::string s;
   for (int m = 0; m < size_; ++m) {
-    if ((arrived_[static_cast<std::size_t>(m)] != 0) == arrived) s += (s.empty() ? "" : ", ") + std::to_string(m);
+    const bool here = members_[static_cast<std::size_t>(m)].rounds.load(std::memory_order_acquire) > round;
+    if (here == arrived) s += (s.empty() ? "" : ", ") + std::to_string(m);
   }
   return s.empty() ? "none" : s;
 }
 
-std::string LocalGroup::describe_missing_locked() const {
+std::string LocalGroup::describe_missing(std::uint64_t round) const {
   std::string s;
   for (int m = 0; m < size_; ++m) {
-    if (arrived_[static_cast<std::size_t>(m)]) continue;
-    const std::string& last = last_op_[static_cast<std::size_t>(m)];
+    const Member& q = members_[static_cast<std::size_t>(m)];
+    if (q.rounds.load(std::memory_order_acquire) > round) continue;
+    const char* op = q.last_op.load(std::memory_order_acquire);
     s += (s.empty() ? "" : "; ") + std::string("replica ") + std::to_string(m) + " last joined " +
-         (last.empty() ? std::string("no collective") : last);
+         (op ? op_label(std::string_view(op, q.last_op_len.load(std::memory_order_acquire)),
+                        q.last_sequence.load(std::memory_order_acquire))
+             : std::string("no collective"));
   }
   return s;
 }
 
 void LocalGroup::throw_failure_locked() const { throw_error(failure_code_, failure_message_); }
 
+void LocalGroup::throw_failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_failure_locked();
+}
+
 void LocalGroup::fail_locked(ErrorCode code, std::string message, int origin) {
-  if (failed_) return;
-  failed_ = true;
+  if (failed_.load(std::memory_order_relaxed)) return;
   failure_code_ = code;
   failure_message_ = std::move(message);
   failure_origin_ = origin;
+  failed_.store(true, std::memory_order_release);
   cv_.notify_all();
 }
 
 const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
-  const auto m = static_cast<std::size_t>(member);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (failed_) throw_failure_locked();
-  const std::uint64_t gen = generation_;
-  std::vector<Entry>& slots = slots_[gen & 1];
-  slots[m] = std::move(entry);
-  arrived_[m] = 1;
-  last_op_[m] = op_label(call);
-  if (++arrived_count_ == size_) {
-    arrived_count_ = 0;
-    std::fill(arrived_.begin(), arrived_.end(), 0);
-    ++generation_;
-    cv_.notify_all();
-    return slots;
+  Member& me = members_[static_cast<std::size_t>(member)];
+  if (failed_.load(std::memory_order_acquire)) throw_failure();
+  const std::uint64_t round = me.rounds.load(std::memory_order_relaxed);  // written by this thread only
+  std::vector<Entry>& slots = slots_[round & 1];
+  slots[static_cast<std::size_t>(member)] = std::move(entry);
+  me.last_op.store(call.op.data(), std::memory_order_relaxed);
+  me.last_op_len.store(call.op.size(), std::memory_order_relaxed);
+  me.last_sequence.store(call.sequence, std::memory_order_relaxed);
+  me.rounds.store(round + 1, std::memory_order_release);
+  const std::uint64_t total = arrivals_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (total == static_cast<std::uint64_t>(size_) * (round + 1)) {
+    generation_.store(round + 1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+  } else {
+    wait_for_round(member, round, call);
   }
+  // The signature tags of a collective's first round must all agree.
+  bool tagged = false, differ = false;
+  const std::uint64_t tag0 = slots[0].tag;
+  for (const Entry& e : slots) {
+    tagged |= e.tag != 0;
+    differ |= e.tag != tag0 || (e.tag & 1) != 0;
+  }
+  if (tagged && differ) throw SignatureMismatch();
+  return slots;
+}
+
+void LocalGroup::wait_for_round(int member, std::uint64_t round, const CollectiveCall& call) {
+  if (spin_microseconds_ > 0) {
+    const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_microseconds_);
+    for (unsigned i = 1;; ++i) {
+      if (generation_.load(std::memory_order_acquire) > round) return;
+      cpu_relax();
+      if ((i & 63) == 0 && (failed_.load(std::memory_order_relaxed) || Clock::now() >= spin_until)) break;
+    }
+  } else {
+    std::this_thread::yield();
+  }
+
+  std::unique_lock<std::mutex> lock(mu_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  struct SleeperGuard {
+    std::atomic<int>& n;
+    ~SleeperGuard() { n.fetch_sub(1, std::memory_order_seq_cst); }
+  } guard{sleepers_};
 
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = after(start, call.timeout_seconds);
   Clock::time_point stall_at = after(start, call.stall_warning_seconds);
   while (true) {
-    if (generation_ != gen) return slots;
-    if (failed_) throw_failure_locked();
+    if (generation_.load(std::memory_order_seq_cst) > round) return;
+    if (failed_.load(std::memory_order_acquire)) throw_failure_locked();
     // A member that has returned from its replica function can never arrive.
     std::string gone;
     for (int q = 0; q < size_; ++q) {
-      const auto qs = static_cast<std::size_t>(q);
-      if (!arrived_[qs] && done_[qs]) gone += (gone.empty() ? "" : ", ") + std::to_string(q);
+      const Member& other = members_[static_cast<std::size_t>(q)];
+      if (other.rounds.load(std::memory_order_acquire) <= round && other.done.load(std::memory_order_acquire)) {
+        gone += (gone.empty() ? "" : ", ") + std::to_string(q);
+      }
     }
     if (!gone.empty()) {
+      const std::string label = op_label(call.op, call.sequence);
       std::string msg;
       if (call.op == "merge_call") {
         msg = "Some replicas made a different number of replica_context().merge_call() calls: replica(s) " + gone +
-              " returned from the replica function while replica(s) " + list_members_locked(true) + " wait in " +
-              op_label(call) + ".";
+              " returned from the replica function while replica(s) " + list_members(round, true) + " wait in " +
+              label + ".";
       } else {
-        msg = op_label(call) + " can never complete: replica(s) " + gone +
+        msg = label + " can never complete: replica(s) " + gone +
               " returned from the replica function without calling it, while replica(s) " +
-              list_members_locked(true) +
-              " wait in it. Every replica must call the same collectives in the same order.";
+              list_members(round, true) + " wait in it. Every replica must call the same collectives in the same order.";
       }
       fail_locked(ErrorCode::kFailedPrecondition, std::move(msg), member);
       throw_failure_locked();
@@ -106,24 +186,25 @@ const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry
       continue;
     }
     if (cv_.wait_until(lock, wake) != std::cv_status::timeout) continue;
-    if (generation_ != gen || failed_) continue;
+    if (generation_.load(std::memory_order_seq_cst) > round || failed_.load(std::memory_order_acquire)) continue;
     const Clock::time_point now = Clock::now();
+    const std::string label = op_label(call.op, call.sequence);
     if (now >= deadline) {
       std::ostringstream msg;
-      msg << op_label(call) << " timed out after " << call.timeout_seconds << " s: replica(s) "
-          << list_members_locked(false) << " did not arrive (" << describe_missing_locked()
-          << "); replica(s) " << list_members_locked(true) << " were waiting.";
+      msg << label << " timed out after " << call.timeout_seconds << " s: replica(s) " << list_members(round, false)
+          << " did not arrive (" << describe_missing(round) << "); replica(s) " << list_members(round, true)
+          << " were waiting.";
       fail_locked(ErrorCode::kDeadlineExceeded, msg.str(), member);
       throw_failure_locked();
     }
     if (now >= stall_at) {
-      if (warned_generation_ != gen) {
-        warned_generation_ = gen;
+      if (warned_round_ != round) {
+        warned_round_ = round;
         std::fprintf(stderr,
                      "distribute: warning: %s has waited %.1f s; replica(s) %s have not joined it (%s); "
                      "replica(s) %s are waiting.\n",
-                     op_label(call).c_str(), call.stall_warning_seconds, list_members_locked(false).c_str(),
-                     describe_missing_locked().c_str(), list_members_locked(true).c_str());
+                     label.c_str(), call.stall_warning_seconds, list_members(round, false).c_str(),
+                     describe_missing(round).c_str(), list_members(round, true).c_str());
       }
       stall_at = Clock::time_point::max();
     }
@@ -141,24 +222,30 @@ void LocalGroup::abort(ErrorCode code, const std::string& message, int origin) n
 }
 
 void LocalGroup::mark_done(int member) noexcept {
+  members_[static_cast<std::size_t>(member)].done.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mu_);
-  done_[static_cast<std::size_t>(member)] = 1;
   cv_.notify_all();
 }
 
 void LocalGroup::reset() {
   std::lock_guard<std::mutex> lock(mu_);
-  arrived_count_ = 0;
-  std::fill(arrived_.begin(), arrived_.end(), 0);
-  std::fill(done_.begin(), done_.end(), 0);
-  for (auto& s : last_op_) s.clear();
+  arrivals_.store(0, std::memory_order_relaxed);
+  generation_.store(0, std::memory_order_relaxed);
+  for (int m = 0; m < size_; ++m) {
+    Member& me = members_[static_cast<std::size_t>(m)];
+    me.rounds.store(0, std::memory_order_relaxed);
+    me.done.store(false, std::memory_order_relaxed);
+    me.last_op.store(nullptr, std::memory_order_relaxed);
+    me.last_op_len.store(0, std::memory_order_relaxed);
+    me.last_sequence.store(0, std::memory_order_relaxed);
+  }
   for (auto& slots : slots_) {
     for (auto& e : slots) e = Entry{};
   }
-  failed_ = false;
+  failed_.store(false, std::memory_order_release);
   failure_message_.clear();
   failure_origin_ = -1;
-  warned_generation_ = ~std::uint64_t{0};
+  warned_round_ = ~std::uint64_t{0};
 }
 
 int LocalGroup::abort_origin() const {

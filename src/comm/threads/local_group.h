@@ -3,9 +3,14 @@
 // arrives with an Entry (pointers to its buffers, a small payload); when the
 // last one arrives, all see every member's Entry and go on.
 //
+// A round costs one atomic increment per member and one release store by the
+// last to arrive; waiters spin briefly (never when members outnumber cores)
+// and then sleep on a condition variable, so idle replicas burn no CPU.
+//
 // A round's entries stay readable until the member starts its next round:
 // entries are double-buffered by round parity, and round g+2 cannot begin
-// before every member has arrived at round g+1.
+// before every member has arrived at round g+1. The same holds for each
+// member's inline area, where small messages are staged.
 //
 // Waiting never hangs silently: a member that has finished its replica
 // function can never arrive, which fails the round at once
@@ -14,7 +19,9 @@
 // error. A failed group stays failed for every member until reset().
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -33,17 +40,27 @@ class LocalGroup {
     void* recv = nullptr;
     std::string payload;
     std::shared_ptr<void> object;
+    std::uint64_t tag = 0;  // the CollectiveCall's signature_tag on a collective's first round
   };
 
+  // Bytes of each member's inline area (per round parity).
+  static constexpr std::size_t kInlineBytes = 16 * 1024;
+
   explicit LocalGroup(int size);
+  ~LocalGroup();
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
 
   int size() const { return size_; }
 
   // Publishes `entry` for this round and waits for every member. Returns all
-  // members' entries, in member order.
+  // members' entries, in member order. If any entry carries a tag and the tags
+  // differ (or one has bit 0 set), throws SignatureMismatch on every member.
   const std::vector<Entry>& arrive(int member, Entry entry, const CollectiveCall& call);
+
+  // kInlineBytes that `member` may fill before its next arrive() and pass as
+  // its entry's `send`; others may read it until the member's round after next.
+  std::byte* inline_area(int member);
 
   // Fails the group (first call wins); wakes every waiter.
   void abort(ErrorCode code, const std::string& message, int origin) noexcept;
@@ -56,23 +73,36 @@ class LocalGroup {
   int abort_origin() const;
 
  private:
+  struct alignas(64) Member {
+    std::atomic<std::uint64_t> rounds{0};  // rounds this member has arrived at
+    std::atomic<bool> done{false};
+    std::atomic<const char*> last_op{nullptr};  // for messages: the collective it last joined
+    std::atomic<std::size_t> last_op_len{0};
+    std::atomic<std::uint64_t> last_sequence{0};
+    std::byte* inline_area[2] = {nullptr, nullptr};
+  };
+
+  void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call);
   [[noreturn]] void throw_failure_locked() const;
+  [[noreturn]] void throw_failure() const;
   void fail_locked(ErrorCode code, std::string message, int origin);
-  std::string describe_missing_locked() const;
-  std::string list_members_locked(bool arrived) const;
+  std::string list_members(std::uint64_t round, bool arrived) const;
+  std::string describe_missing(std::uint64_t round) const;
 
   const int size_;
+  const int spin_microseconds_;
+  std::unique_ptr<Member[]> members_;
+  std::vector<Entry> slots_[2];
+  std::unique_ptr<std::byte[]> inline_storage_;
+
+  alignas(64) std::atomic<std::uint64_t> arrivals_{0};
+  alignas(64) std::atomic<std::uint64_t> generation_{0};  // rounds completed
+  alignas(64) std::atomic<bool> failed_{false};
+  std::atomic<int> sleepers_{0};
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::uint64_t generation_ = 0;
-  int arrived_count_ = 0;
-  std::vector<char> arrived_;
-  std::vector<char> done_;
-  std::vector<std::string> last_op_;  // per member: the collective it last joined, for messages
-  std::vector<Entry> slots_[2];
-  std::uint64_t warned_generation_ = ~std::uint64_t{0};
-
-  bool failed_ = false;
+  std::uint64_t warned_round_ = ~std::uint64_t{0};
   ErrorCode failure_code_ = ErrorCode::kAborted;
   std::string failure_message_;
   int failure_origin_ = -1;

@@ -1,15 +1,22 @@
 // SharedMemoryCommunicator: the Communicator of one replica thread among the
-// threads of one process. Buffers are never copied through the group: each
-// member publishes pointers to its own buffers and the others read them
-// directly.
+// threads of one process. Nothing goes through a kernel or a socket: members
+// publish pointers to their buffers in a LocalGroup round and read each
+// other's memory directly. docs/algorithms.md describes each algorithm and
+// its cost.
 //
-// all_reduce: after one round that publishes (send, recv), member r reduces
-// slice r of the elements from every member's send buffer (in member order)
-// and writes the result into every member's recv buffer; a second round keeps
-// every buffer alive until all members are done with it. Each element is
-// computed once, by one member, so every member receives the same bits.
-// Cost: 2 rounds; each member reads count*size/N*N bytes and writes count*size
-// bytes in total (count/N per destination).
+// all_reduce, small messages (<= LocalGroup::kInlineBytes): each member copies
+// its input into its inline area, one round publishes the areas, and every
+// member reduces all of them (in member order) into its own output. One round,
+// no second barrier: inline areas stay valid until the round after next.
+//
+// all_reduce, large messages: one round publishes (send, recv); member r owns
+// slice r of the elements and, chunk by cache-sized chunk, reduces it from
+// every member's input (in member order) into its own output and copies the
+// chunk, still in cache, into every other member's output; a second round
+// keeps every buffer alive until all members are done with it. Each element
+// is computed once, by one member, so all members receive the same bits.
+// Messages of 4 MiB and more do not fit in cache: each chunk is reduced into
+// an L1-resident buffer and written to the outputs with non-temporal stores.
 #pragma once
 
 #include <memory>
@@ -21,6 +28,9 @@ namespace distribute::internal {
 
 class SharedMemoryCommunicator final : public Communicator {
  public:
+  // Elements of one chunk of the large all_reduce path, in bytes.
+  static constexpr std::size_t kChunkBytes = 64 * 1024;
+
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank);
 
   int rank() const override { return rank_; }
@@ -39,6 +49,7 @@ class SharedMemoryCommunicator final : public Communicator {
  private:
   std::shared_ptr<LocalGroup> group_;
   int rank_;
+  std::unique_ptr<std::byte[]> stream_buffer_;  // one chunk of the streaming path
 };
 
 }  // namespace distribute::internal

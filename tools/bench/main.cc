@@ -1,0 +1,357 @@
+// distribute-bench: collective performance on one host, in the manner of
+// nccl-tests. One row per message size: time (median and min over the timed
+// iterations, measured on replica 0), algorithm and bus bandwidth (nccl-tests
+// factors, 1 GB = 1e9 bytes), wrong elements when --check is on, minor page
+// faults per operation, and the memcpy reference (R threads each copying the
+// same number of bytes at once) with our bus bandwidth as a fraction of it.
+//
+//   distribute-bench --op all_reduce --replicas 2 -b 8 -e 64M -f 4 --check
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/threads/shared_memory_communicator.h"
+#include "distribute/distribute.h"
+
+using namespace distribute;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::string op = "all_reduce";
+  int replicas = 2;
+  DType dtype = DType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = 64 << 20;
+  double factor = 4;
+  int iters = 20;
+  int warmup = 5;
+  bool check = false;
+  std::string api = "raw";
+  std::string csv;
+};
+
+[[noreturn]] void usage(const std::string& error) {
+  std::fprintf(stderr,
+               "distribute-bench: %s\n"
+               "usage: distribute-bench [--op all_reduce|all_gather|broadcast] [--replicas N] [--dtype float32|...]\n"
+               "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
+               "                        [--iters N] [--warmup N] [--check] [--api raw|tensor] [--csv FILE]\n"
+               "sizes take K, M, G suffixes (powers of 1024)\n",
+               error.c_str());
+  std::exit(2);
+}
+
+std::size_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || v < 0) usage("bad size '" + text + "'");
+  double mult = 1;
+  if (*end == 'K' || *end == 'k') mult = 1024;
+  if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024;
+  if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024;
+  if (*end != '\0' && mult == 1) usage("bad size '" + text + "'");
+  return static_cast<std::size_t>(v * mult);
+}
+
+DType parse_dtype(const std::string& name) {
+  for (DType d : kAllDTypes) {
+    if (to_string(d) == name) return d;
+  }
+  usage("unknown dtype '" + name + "'");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--op") o.op = value();
+    else if (a == "--replicas" || a == "-t") o.replicas = std::atoi(value().c_str());
+    else if (a == "--dtype" || a == "-d") o.dtype = parse_dtype(value());
+    else if (a == "--redop" || a == "-o") {
+      try {
+        o.redop = reduce_op_from_string(value());
+      } catch (const Error& e) {
+        usage(e.message());
+      }
+    } else if (a == "-b" || a == "--minbytes") o.min_bytes = parse_size(value());
+    else if (a == "-e" || a == "--maxbytes") o.max_bytes = parse_size(value());
+    else if (a == "-f" || a == "--stepfactor") o.factor = std::atof(value().c_str());
+    else if (a == "--iters" || a == "-n") o.iters = std::atoi(value().c_str());
+    else if (a == "--warmup" || a == "-w") o.warmup = std::atoi(value().c_str());
+    else if (a == "--check" || a == "-c") o.check = true;
+    else if (a == "--api") o.api = value();
+    else if (a == "--csv") o.csv = value();
+    else usage("unknown flag '" + a + "'");
+  }
+  if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast") usage("unknown --op '" + o.op + "'");
+  if (o.api != "raw" && o.api != "tensor") usage("--api must be raw or tensor");
+  if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
+    usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
+  }
+  return o;
+}
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Input of replica r, element i: small integers, exact in every dtype.
+double input_value(int r, std::size_t i) { return static_cast<double>((i % 5) + static_cast<std::size_t>(r)); }
+
+Tensor make_input(DType dtype, int r, std::size_t count) {
+  Tensor t = Tensor::uninitialized(dtype, Shape{static_cast<std::int64_t>(count)});
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(t.mutable_raw_data());
+    for (std::size_t i = 0; i < count; ++i) {
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+        p[i] = T(static_cast<float>(input_value(r, i)));
+      } else {
+        p[i] = static_cast<T>(input_value(r, i));
+      }
+    }
+  });
+  return t;
+}
+
+// Elements of `out` (of replica `r`) that differ from the expected result.
+std::size_t count_wrong(const Options& o, const Tensor& out, std::size_t count, int n) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double want = 0;
+    if (o.op == "all_reduce") {
+      // The expected value by a plain loop in double, rounded to the dtype.
+      double acc = input_value(0, i);
+      for (int q = 1; q < n; ++q) {
+        const double x = input_value(q, i);
+        if (o.redop == ReduceOp::kSum || o.redop == ReduceOp::kMean) acc += x;
+        if (o.redop == ReduceOp::kProduct) acc *= x;
+        if (o.redop == ReduceOp::kMin) acc = std::min(acc, x);
+        if (o.redop == ReduceOp::kMax) acc = std::max(acc, x);
+      }
+      if (o.redop == ReduceOp::kMean) acc = is_floating(o.dtype) ? acc / n : std::trunc(acc / n);
+      want = o.dtype == DType::kBool ? (acc != 0) : scalar(o.dtype, acc).element_as_double(0);
+    } else if (o.op == "all_gather") {
+      const std::size_t per = count / static_cast<std::size_t>(n);
+      want = scalar(o.dtype, input_value(static_cast<int>(i / per), i % per)).element_as_double(0);
+    } else {
+      want = scalar(o.dtype, input_value(0, i)).element_as_double(0);
+    }
+    if (out.element_as_double(static_cast<std::int64_t>(i)) != want) ++wrong;
+  }
+  return wrong;
+}
+
+struct Row {
+  std::size_t bytes = 0, count = 0;
+  double median_us = 0, min_us = 0, algbw = 0, busbw = 0, memcpy_bw = 0;
+  std::size_t wrong = 0;
+  double faults_per_op = 0;
+};
+
+double bus_factor(const std::string& op, int n) {
+  if (n == 1) return op == "broadcast" ? 1 : 0;
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather") return static_cast<double>(n - 1) / n;
+  return 1;
+}
+
+// R threads each copying `bytes` between their own buffers at once; GB/s of one thread.
+double memcpy_reference(int replicas, std::size_t bytes, int iters) {
+  if (bytes == 0) return 0;
+  std::vector<std::vector<std::byte>> src(static_cast<std::size_t>(replicas)), dst(static_cast<std::size_t>(replicas));
+  for (int r = 0; r < replicas; ++r) {
+    src[static_cast<std::size_t>(r)].assign(bytes, std::byte{1});
+    dst[static_cast<std::size_t>(r)].assign(bytes, std::byte{0});
+  }
+  std::vector<double> times;
+  for (int it = 0; it < iters + 2; ++it) {
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    double t0_us = 0, t1_us = 0;
+    for (int r = 0; r < replicas; ++r) {
+      threads.emplace_back([&, r] {
+        ++ready;
+        while (!go.load()) std::this_thread::yield();
+        const auto t0 = Clock::now();
+        std::memcpy(dst[static_cast<std::size_t>(r)].data(), src[static_cast<std::size_t>(r)].data(), bytes);
+        const auto t1 = Clock::now();
+        if (r == 0) {
+          t0_us = std::chrono::duration<double, std::micro>(t0.time_since_epoch()).count();
+          t1_us = std::chrono::duration<double, std::micro>(t1.time_since_epoch()).count();
+        }
+      });
+    }
+    while (ready.load() < replicas) std::this_thread::yield();
+    go = true;
+    for (auto& t : threads) t.join();
+    if (it >= 2) times.push_back(t1_us - t0_us);
+  }
+  std::sort(times.begin(), times.end());
+  return static_cast<double>(bytes) / (times[times.size() / 2] * 1e3);
+}
+
+// Runs the collective `iters + warmup` times on `n` replicas; returns replica 0's
+// timings in microseconds and the last results.
+// Page faults of the whole process during the timed iterations, per operation.
+struct FaultMeter {
+  long start = 0;
+  double per_op = 0;
+  void begin() { start = minor_faults(); }
+  void end(int ops) { per_op = static_cast<double>(minor_faults() - start) / ops; }
+};
+
+std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Tensor>& results, FaultMeter& faults) {
+  const int n = o.replicas;
+  auto group = std::make_shared<internal::LocalGroup>(n);
+  std::vector<double> times;
+  std::vector<std::thread> threads;
+  results.assign(static_cast<std::size_t>(n), Tensor());
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      internal::SharedMemoryCommunicator comm(group, r);
+      const std::size_t in_count = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;
+      Tensor in = make_input(o.dtype, r, in_count);
+      Tensor out = o.op == "broadcast" ? in : Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(count)});
+      std::vector<std::size_t> counts(static_cast<std::size_t>(n), in_count);
+      CollectiveCall call{.op = o.op, .sequence = 0, .timeout_seconds = 600};
+      for (int it = 0; it < o.warmup + o.iters; ++it) {
+        ++call.sequence;
+        if (r == 0 && it == o.warmup) faults.begin();
+        const auto t0 = Clock::now();
+        if (o.op == "all_reduce") {
+          comm.all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
+        } else if (o.op == "all_gather") {
+          comm.all_gather_v(in.raw_data(), out.mutable_raw_data(), counts, 1, o.dtype, call);
+        } else {
+          comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
+        }
+        const auto t1 = Clock::now();
+        if (r == 0 && it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      }
+      if (r == 0) faults.end(o.iters);
+      results[static_cast<std::size_t>(r)] = out;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return times;
+}
+
+std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std::size_t count,
+                               std::vector<Tensor>& results, FaultMeter& faults) {
+  const int n = o.replicas;
+  std::vector<double> times;
+  auto per_replica = strategy.run([&](ReplicaContext& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    const std::size_t in_count = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;
+    Tensor in = make_input(o.dtype, r, in_count);
+    Tensor out;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      if (r == 0 && it == o.warmup) faults.begin();
+      const auto t0 = Clock::now();
+      if (o.op == "all_reduce") {
+        out = ctx.all_reduce(o.redop, in);
+      } else if (o.op == "all_gather") {
+        out = ctx.all_gather(in, 0);
+      } else {
+        // broadcast from replica 0 through merge_call: the cross-replica broadcast_to.
+        out = ctx.merge_call([](Strategy& s, const PerReplica<Tensor>& v) { return s.extended().broadcast_to(v[0]); },
+                             in);
+      }
+      const auto t1 = Clock::now();
+      if (r == 0 && it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    if (r == 0) faults.end(o.iters);
+    return out;
+  });
+  results = per_replica.values();
+  return times;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const std::size_t esz = size_of(o.dtype);
+  std::unique_ptr<MirroredStrategy> strategy;
+  if (o.api == "tensor") {
+    std::vector<std::string> devices;
+    for (int r = 0; r < o.replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
+    strategy = std::make_unique<MirroredStrategy>(devices);
+  }
+  std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
+              std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
+              o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
+  std::printf("# %12s %11s %8s %7s %11s %10s %11s %11s %7s %9s %12s %9s\n", "size(B)", "count", "type", "redop",
+              "median(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "faults/op", "memcpy(GB/s)",
+              "bus/memcpy");
+  std::vector<Row> rows;
+  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
+       bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * o.factor))) {
+    std::size_t count = std::max<std::size_t>(1, bytes / esz);
+    if (o.op == "all_gather") count = std::max<std::size_t>(1, count / static_cast<std::size_t>(o.replicas)) *
+                                      static_cast<std::size_t>(o.replicas);
+    Row row;
+    row.count = count;
+    row.bytes = count * esz;
+    std::vector<Tensor> results;
+    FaultMeter faults;
+    std::vector<double> times =
+        o.api == "raw" ? run_raw(o, count, results, faults) : run_tensor(o, *strategy, count, results, faults);
+    std::sort(times.begin(), times.end());
+    row.median_us = times[times.size() / 2];
+    row.min_us = times.front();
+    row.algbw = static_cast<double>(row.bytes) / (row.median_us * 1e3);
+    row.busbw = row.algbw * bus_factor(o.op, o.replicas);
+    row.faults_per_op = faults.per_op;
+    if (o.check) {
+      for (int r = 0; r < o.replicas; ++r) row.wrong += count_wrong(o, results[static_cast<std::size_t>(r)], count, o.replicas);
+    }
+    row.memcpy_bw = memcpy_reference(o.replicas, row.bytes, std::min(o.iters, 10));
+    std::printf("  %12zu %11zu %8s %7s %11.2f %10.2f %11.3f %11.3f %7s %9.1f %12.3f %9.2f\n", row.bytes, row.count,
+                std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), row.median_us,
+                row.min_us, row.algbw, row.busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A",
+                row.faults_per_op, row.memcpy_bw, row.memcpy_bw > 0 ? row.busbw / row.memcpy_bw : 0.0);
+    std::fflush(stdout);
+    rows.push_back(row);
+  }
+  if (!o.csv.empty()) {
+    std::ofstream csv(o.csv);
+    if (!csv) {
+      std::fprintf(stderr, "distribute-bench: cannot write %s\n", o.csv.c_str());
+      return 1;
+    }
+    csv << "op,replicas,api,dtype,redop,bytes,count,median_us,min_us,algbw_gbs,busbw_gbs,wrong,faults_per_op,"
+           "memcpy_gbs\n";
+    for (const Row& r : rows) {
+      csv << o.op << ',' << o.replicas << ',' << o.api << ',' << to_string(o.dtype) << ',' << to_string(o.redop) << ','
+          << r.bytes << ',' << r.count << ',' << r.median_us << ',' << r.min_us << ',' << r.algbw << ',' << r.busbw
+          << ',' << r.wrong << ',' << r.faults_per_op << ',' << r.memcpy_bw << '\n';
+    }
+  }
+  std::size_t total_wrong = 0;
+  for (const Row& r : rows) total_wrong += r.wrong;
+  return total_wrong == 0 ? 0 : 1;
+}
