@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   googletest libgtest-dev libgmock-dev
   libdlpack-dev
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

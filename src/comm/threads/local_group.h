@@ -44,7 +44,7 @@ class LocalGroup {
   };
 
   // Bytes of each member's inline area (per round parity).
-  static constexpr std::size_t kInlineBytes = 16 * 1024;
+  static constexpr std::size_t kInlineBytes = 4 * 1024;
 
   explicit LocalGroup(int size);
   ~LocalGroup();

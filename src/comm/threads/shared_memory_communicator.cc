@@ -21,6 +21,9 @@ constexpr int kStackSources = 64;
 // for ownership that a normal store of a fresh line costs (a third of the
 // memory traffic of the bandwidth path).
 constexpr std::size_t kStreamBytes = 4 << 20;
+// Up to this size all_reduce takes the one-round latency path.
+constexpr std::size_t kLatencyPathBytes = 1024;
+static_assert(kLatencyPathBytes <= LocalGroup::kInlineBytes);
 // Chunk of the streaming path: reduced into an L1-resident buffer, then
 // streamed to every member's output.
 constexpr std::size_t kStreamChunkBytes = 16 * 1024;
@@ -88,7 +91,7 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
     srcs = heap_srcs.data();
   }
 
-  if (bytes <= LocalGroup::kInlineBytes) {
+  if (bytes <= kLatencyPathBytes) {
     // Latency path: one round, every member reduces every inline copy.
     std::byte* mine = group_->inline_area(rank_);
     if (bytes) std::memcpy(mine, send, bytes);

@@ -4,7 +4,7 @@
 // other's memory directly. docs/algorithms.md describes each algorithm and
 // its cost.
 //
-// all_reduce, small messages (<= LocalGroup::kInlineBytes): each member copies
+// all_reduce, small messages (<= 1 KiB): each member copies
 // its input into its inline area, one round publishes the areas, and every
 // member reduces all of them (in member order) into its own output. One round,
 // no second barrier: inline areas stay valid until the round after next.
