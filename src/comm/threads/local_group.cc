@@ -30,20 +30,26 @@ std::string op_label(std::string_view op, std::uint64_t sequence) {
 // 3 us typically here but up to 250 us when its core has gone idle (measured:
 // p50 3 us, p90 58 us, max 254 us); a spin shorter than that lets two
 // replicas fall into a convoy where each wait ends in a slow wake-up. 1 ms of
-// spinning outlasts the slowest wake-up, and only inside a collective. Spinning pays only while every member has a
-// core to run on; past that a spinner steals the core of the member it waits
-// for, so it does not spin at all. DISTRIBUTE_SPIN_MICROSECONDS overrides.
-int spin_microseconds_for(int size) {
+// spinning outlasts the slowest wake-up, and only inside a collective.
+// DISTRIBUTE_SPIN_MICROSECONDS overrides the time.
+int spin_microseconds() {
   if (const char* text = std::getenv("DISTRIBUTE_SPIN_MICROSECONDS"); text && *text) return std::atoi(text);
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(size) <= cores ? 1000 : 0;
+  return 1000;
+}
+
+// With more members than cores a spinner would steal the core of the member
+// it waits for, so the waiter yields its core instead of pausing: the
+// scheduler runs the late member at once, without a sleep and a wake-up.
+bool yield_while_waiting(int size) {
+  return static_cast<unsigned>(size) > std::max(1u, std::thread::hardware_concurrency());
 }
 }  // namespace
 
 LocalGroup::LocalGroup(int size)
     : size_(size > 0 ? size : throw InvalidArgumentError("LocalGroup: size must be positive, got " +
                                                          std::to_string(size))),
-      spin_microseconds_(spin_microseconds_for(size)),
+      spin_microseconds_(spin_microseconds()),
+      yield_while_waiting_(yield_while_waiting(size)),
       members_(new Member[static_cast<std::size_t>(size)]),
       inline_storage_(new std::byte[2 * kInlineBytes * static_cast<std::size_t>(size)]) {
   slots_[0].resize(static_cast<std::size_t>(size));
@@ -137,13 +143,16 @@ const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry
 void LocalGroup::wait_for_round(int member, std::uint64_t round, const CollectiveCall& call) {
   if (spin_microseconds_ > 0) {
     const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_microseconds_);
+    const unsigned check_every = yield_while_waiting_ ? 1 : 64;
     for (unsigned i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) > round) return;
-      cpu_relax();
-      if ((i & 63) == 0 && (failed_.load(std::memory_order_relaxed) || Clock::now() >= spin_until)) break;
+      if (yield_while_waiting_) {
+        std::this_thread::yield();
+      } else {
+        cpu_relax();
+      }
+      if (i % check_every == 0 && (failed_.load(std::memory_order_relaxed) || Clock::now() >= spin_until)) break;
     }
-  } else {
-    std::this_thread::yield();
   }
 
   std::unique_lock<std::mutex> lock(mu_);

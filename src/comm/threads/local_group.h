@@ -4,8 +4,9 @@
 // last one arrives, all see every member's Entry and go on.
 //
 // A round costs one atomic increment per member and one release store by the
-// last to arrive; waiters spin briefly (never when members outnumber cores)
-// and then sleep on a condition variable, so idle replicas burn no CPU.
+// last to arrive; waiters spin for up to 1 ms (yielding their core instead
+// when members outnumber cores) and then sleep on a condition variable, so
+// idle replicas burn no CPU.
 //
 // A round's entries stay readable until the member starts its next round:
 // entries are double-buffered by round parity, and round g+2 cannot begin
@@ -91,6 +92,7 @@ class LocalGroup {
 
   const int size_;
   const int spin_microseconds_;
+  const bool yield_while_waiting_;
   std::unique_ptr<Member[]> members_;
   std::vector<Entry> slots_[2];
   std::unique_ptr<std::byte[]> inline_storage_;
