@@ -88,8 +88,9 @@ class AllReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp
 
 TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
   const auto [dtype, op] = GetParam();
-  for (int n : {1, 2, 3, 4, 7}) {
-    for (std::size_t count : {0u, 1u, 7u, 1000u, 65537u}) {
+  for (int n : {1, 2, 3, 4, 7, 8}) {
+    // 255/256/257 straddle the 1 KiB latency path for 4-byte types.
+    for (std::size_t count : {0u, 1u, 7u, 255u, 256u, 257u, 1000u, 65537u}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count));
       check_all_reduce(n, count, dtype, op);
     }
@@ -140,6 +141,18 @@ INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceTest,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
+// Messages of 4 MiB and more take the streaming (non-temporal store) path.
+TEST(AllReduceStreamingTest, LargeMessagesMatchReference) {
+  for (DType dtype : {DType::kFloat32, DType::kInt8, DType::kFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+      for (int n : {2, 3}) {
+        SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n));
+        check_all_reduce(n, (std::size_t{4} << 20) / size_of(dtype) + 5, dtype, op);
+      }
+    }
+  }
+}
+
 class GatherTest : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
 
 // Rank r contributes outer rows of (r + base) int32 elements each, valued
@@ -184,23 +197,90 @@ TEST_P(GatherTest, RaggedRowsLandInRankOrderWithinEachOuterRow) {
 INSTANTIATE_TEST_SUITE_P(Matrix, GatherTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values<std::size_t>(0, 1, 5)));
 
+// Contributions beyond the 4 KiB inline areas, and outputs of 4 MiB and more
+// (streaming stores).
+TEST(GatherLargeTest, BeyondInlineAndStreaming) {
+  for (std::size_t per_member : {std::size_t{3000}, std::size_t{600000}}) {
+    const int n = 3;
+    auto group = std::make_shared<LocalGroup>(n);
+    std::vector<std::size_t> counts(n, per_member);
+    std::vector<std::vector<std::int32_t>> recv(n, std::vector<std::int32_t>(per_member * n));
+    auto errors = run_threads(n, [&](int r) {
+      std::vector<std::int32_t> send(per_member);
+      for (std::size_t j = 0; j < per_member; ++j) send[j] = static_cast<std::int32_t>(r * 1000000 + static_cast<int>(j));
+      SharedMemoryCommunicator comm(group, r);
+      comm.all_gather_v(send.data(), recv[static_cast<std::size_t>(r)].data(), counts, 1, DType::kInt32,
+                        call("all_gather"));
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+    for (int r = 0; r < n; ++r) {
+      for (int q = 0; q < n; ++q) {
+        for (std::size_t j = 0; j < per_member; j += 997) {
+          ASSERT_EQ(recv[static_cast<std::size_t>(r)][static_cast<std::size_t>(q) * per_member + j],
+                    q * 1000000 + static_cast<int>(j));
+        }
+      }
+    }
+  }
+}
+
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
+  // 100 doubles: inline path; 10000: two rounds; 600000 (4.8 MB): streaming stores.
+  for (std::size_t count : {std::size_t{100}, std::size_t{10000}, std::size_t{600000}}) {
   for (int n : {1, 2, 3, 7}) {
     for (int root = 0; root < n; ++root) {
+      if (count > 10000 && (n > 2 || root > 0)) continue;  // one large case is enough
       auto group = std::make_shared<LocalGroup>(n);
-      std::vector<std::vector<double>> bufs(static_cast<std::size_t>(n), std::vector<double>(100));
+      std::vector<std::vector<double>> bufs(static_cast<std::size_t>(n), std::vector<double>(count));
       for (int r = 0; r < n; ++r) {
-        for (int i = 0; i < 100; ++i) bufs[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] = r * 1000 + i;
+        for (std::size_t i = 0; i < count; ++i) bufs[static_cast<std::size_t>(r)][i] = r * 1000 + static_cast<double>(i);
       }
       auto errors = run_threads(n, [&](int r) {
         SharedMemoryCommunicator comm(group, r);
-        comm.broadcast(bufs[static_cast<std::size_t>(r)].data(), 100, DType::kFloat64, root, call("broadcast"));
+        comm.broadcast(bufs[static_cast<std::size_t>(r)].data(), count, DType::kFloat64, root, call("broadcast"));
         comm.barrier(call("barrier"));
       });
       for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
       for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[static_cast<std::size_t>(r)], bufs[static_cast<std::size_t>(root)]);
     }
   }
+  }
+}
+
+TEST(SignatureTagTest, DifferentTagsThrowMismatchOnEveryRankBeforeDataMoves) {
+  auto group = std::make_shared<LocalGroup>(3);
+  std::vector<float> out(3, -1.f);
+  auto errors = run_threads(3, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    CollectiveCall c = call("all_reduce");
+    c.signature_tag = r == 2 ? 0x1234 : 0x5678;
+    float in = 1.f;
+    comm.all_reduce(&in, &out[static_cast<std::size_t>(r)], 1, DType::kFloat32, ReduceOp::kSum, c);
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+  }
+  EXPECT_EQ(out, std::vector<float>(3, -1.f));  // nothing was written
+  // Equal tags with the error bit (bit 0) set fail too.
+  auto flagged = run_threads(3, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    CollectiveCall c = call("barrier");
+    c.signature_tag = 0x5679;
+    comm.barrier(c);
+  });
+  for (auto& e : flagged) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+  }
+  // A mismatch does not fail the group: the next collective works.
+  auto again = run_threads(3, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    CollectiveCall c = call("barrier");
+    c.signature_tag = 0x5678;
+    comm.barrier(c);
+  });
+  for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
 }
 
 TEST(ExchangeTest, ReturnsEveryPayloadInRankOrderRepeatedly) {

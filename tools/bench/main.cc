@@ -227,6 +227,7 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
   const int n = o.replicas;
   auto group = std::make_shared<internal::LocalGroup>(n);
   std::vector<double> times;
+  times.reserve(static_cast<std::size_t>(o.iters));
   std::vector<std::thread> threads;
   results.assign(static_cast<std::size_t>(n), Tensor());
   for (int r = 0; r < n; ++r) {
@@ -263,6 +264,7 @@ std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std
                                std::vector<Tensor>& results, FaultMeter& faults) {
   const int n = o.replicas;
   std::vector<double> times;
+  times.reserve(static_cast<std::size_t>(o.iters));
   auto per_replica = strategy.run([&](ReplicaContext& ctx) {
     const int r = ctx.replica_id_in_sync_group();
     const std::size_t in_count = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;

@@ -143,27 +143,57 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
                                             std::size_t outer, DType dtype, const CollectiveCall& call) {
   const int n = size();
   const std::size_t esz = size_of(dtype);
-  const auto& entries = group_->arrive(rank_, {.send = send, .recv = recv, .tag = call.signature_tag}, call);
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  total *= outer * esz;
+  const std::size_t mine = counts[static_cast<std::size_t>(rank_)] * outer * esz;
+  // Small contributions travel through the inline areas: one round.
+  const bool inline_path = mine <= LocalGroup::kInlineBytes &&
+                           *std::max_element(counts.begin(), counts.end()) * outer * esz <= LocalGroup::kInlineBytes;
+  const void* published = send;
+  if (inline_path) {
+    std::byte* area = group_->inline_area(rank_);
+    if (mine) std::memcpy(area, send, mine);
+    published = area;
+  }
+  const auto& entries = group_->arrive(rank_, {.send = published, .recv = recv, .tag = call.signature_tag}, call);
+  const bool streaming = total >= kStreamBytes;
   auto* dst = static_cast<std::byte*>(recv);
   for (std::size_t o = 0; o < outer; ++o) {
     for (int q = 0; q < n; ++q) {
       const std::size_t bytes = counts[static_cast<std::size_t>(q)] * esz;
       if (bytes == 0) continue;
-      std::memcpy(dst, static_cast<const std::byte*>(entries[static_cast<std::size_t>(q)].send) + o * bytes, bytes);
+      const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(q)].send) + o * bytes;
+      streaming ? stream_copy(dst, src, bytes) : static_cast<void>(std::memcpy(dst, src, bytes));
       dst += bytes;
     }
   }
-  if (n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);
+  if (streaming) stream_fence();
+  if (!inline_path && n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);
 }
 
 void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
                                          const CollectiveCall& call) {
-  const auto& entries = group_->arrive(rank_, {.recv = buffer, .tag = call.signature_tag}, call);
-  if (size() == 1) return;
-  if (rank_ != root && count > 0) {
-    std::memcpy(buffer, entries[static_cast<std::size_t>(root)].recv, count * size_of(dtype));
+  const std::size_t bytes = count * size_of(dtype);
+  const bool inline_path = bytes <= LocalGroup::kInlineBytes;
+  void* published = buffer;
+  if (inline_path && rank_ == root) {
+    std::byte* area = group_->inline_area(rank_);
+    if (bytes) std::memcpy(area, buffer, bytes);
+    published = area;
   }
-  group_->arrive(rank_, LocalGroup::Entry{}, call);
+  const auto& entries = group_->arrive(rank_, {.recv = published, .tag = call.signature_tag}, call);
+  if (size() == 1) return;
+  if (rank_ != root && bytes > 0) {
+    const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].recv);
+    if (bytes >= kStreamBytes) {
+      stream_copy(static_cast<std::byte*>(buffer), src, bytes);
+      stream_fence();
+    } else {
+      std::memcpy(buffer, src, bytes);
+    }
+  }
+  if (!inline_path) group_->arrive(rank_, LocalGroup::Entry{}, call);
 }
 
 void SharedMemoryCommunicator::barrier(const CollectiveCall& call) {
