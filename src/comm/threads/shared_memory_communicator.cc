@@ -183,16 +183,26 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
     published = area;
   }
   const auto& entries = group_->arrive(rank_, {.recv = published, .tag = call.signature_tag}, call);
-  if (size() == 1) return;
-  if (rank_ != root && bytes > 0) {
-    const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].recv);
-    if (bytes >= kStreamBytes) {
-      stream_copy(static_cast<std::byte*>(buffer), src, bytes);
-      stream_fence();
-    } else {
-      std::memcpy(buffer, src, bytes);
-    }
+  const int n = size();
+  if (n == 1 || bytes == 0) return;
+  const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].recv);
+  if (inline_path) {
+    if (rank_ != root) std::memcpy(buffer, src, bytes);
+    return;
   }
+  // Every member, the root too, copies its slice of the root's buffer into
+  // every other member's buffer: the copying is shared N ways.
+  const std::size_t lines = (bytes + 63) / 64;
+  const std::size_t begin = std::min(bytes, lines * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n) * 64);
+  const std::size_t end = std::min(bytes, lines * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n) * 64);
+  const bool streaming = bytes >= kStreamBytes;
+  for (int q = 0; q < n; ++q) {
+    if (q == root || end == begin) continue;
+    auto* dst = static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv);
+    streaming ? stream_copy(dst + begin, src + begin, end - begin)
+              : static_cast<void>(std::memcpy(dst + begin, src + begin, end - begin));
+  }
+  if (streaming) stream_fence();
   if (!inline_path) group_->arrive(rank_, LocalGroup::Entry{}, call);
 }
 
