@@ -47,16 +47,15 @@ T to_dtype(double v) {
 // apply the dtype's rule.
 template <class T>
 T expected_value(ReduceOp op, int n, std::size_t i, DType dtype) {
-  std::vector<double> xs;
-  for (int r = 0; r < n; ++r) xs.push_back(input_value(dtype, r, i));
-  double acc = xs[0];
+  double acc = input_value(dtype, 0, i);
   for (int r = 1; r < n; ++r) {
+    const double x = input_value(dtype, r, i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kMean: acc += xs[static_cast<std::size_t>(r)]; break;
-      case ReduceOp::kProduct: acc *= xs[static_cast<std::size_t>(r)]; break;
-      case ReduceOp::kMin: acc = std::min(acc, xs[static_cast<std::size_t>(r)]); break;
-      case ReduceOp::kMax: acc = std::max(acc, xs[static_cast<std::size_t>(r)]); break;
+      case ReduceOp::kMean: acc += x; break;
+      case ReduceOp::kProduct: acc *= x; break;
+      case ReduceOp::kMin: acc = std::min(acc, x); break;
+      case ReduceOp::kMax: acc = std::max(acc, x); break;
     }
   }
   if constexpr (std::is_same_v<T, bool>) {
@@ -143,13 +142,12 @@ INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceTest,
 
 // Messages of 4 MiB and more take the streaming (non-temporal store) path.
 TEST(AllReduceStreamingTest, LargeMessagesMatchReference) {
-  for (DType dtype : {DType::kFloat32, DType::kInt8, DType::kFloat16}) {
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
-      for (int n : {2, 3}) {
-        SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n));
-        check_all_reduce(n, (std::size_t{4} << 20) / size_of(dtype) + 5, dtype, op);
-      }
-    }
+  const std::tuple<DType, ReduceOp, int> cases[] = {{DType::kFloat32, ReduceOp::kSum, 2},
+                                                    {DType::kInt8, ReduceOp::kMean, 3},
+                                                    {DType::kFloat16, ReduceOp::kMax, 2}};
+  for (const auto& [dtype, op, n] : cases) {
+    SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n));
+    check_all_reduce(n, (std::size_t{4} << 20) / size_of(dtype) + 5, dtype, op);
   }
 }
 

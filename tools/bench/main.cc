@@ -43,6 +43,7 @@ struct Options {
   bool check = false;
   std::string api = "raw";
   std::string csv;
+  int batch = 0;  // > 0: compare one all_reduce of `batch` tensors with `batch` separate calls
 };
 
 [[noreturn]] void usage(const std::string& error) {
@@ -51,6 +52,7 @@ struct Options {
                "usage: distribute-bench [--op all_reduce|all_gather|broadcast] [--replicas N] [--dtype float32|...]\n"
                "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
                "                        [--iters N] [--warmup N] [--check] [--api raw|tensor] [--csv FILE]\n"
+               "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "sizes take K, M, G suffixes (powers of 1024)\n",
                error.c_str());
   std::exit(2);
@@ -100,6 +102,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--check" || a == "-c") o.check = true;
     else if (a == "--api") o.api = value();
     else if (a == "--csv") o.csv = value();
+    else if (a == "--batch") o.batch = std::atoi(value().c_str());
     else usage("unknown flag '" + a + "'");
   }
   if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast") usage("unknown --op '" + o.op + "'");
@@ -292,10 +295,50 @@ std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std
   return times;
 }
 
+// One all_reduce of a list of K tensors (packed by dtype into one collective)
+// against K separate all_reduce calls, through the API, on the same replicas.
+int run_batch(const Options& o) {
+  std::vector<std::string> devices;
+  for (int r = 0; r < o.replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
+  MirroredStrategy strategy(devices);
+  const std::size_t count = std::max<std::size_t>(1, o.min_bytes / size_of(o.dtype));
+  std::vector<double> packed, separate;
+  std::size_t wrong = 0;
+  strategy.run([&](ReplicaContext& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    std::vector<Tensor> grads;
+    for (int k = 0; k < o.batch; ++k) grads.push_back(make_input(o.dtype, r, count));
+    std::vector<Tensor> out;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      auto t0 = Clock::now();
+      out = ctx.all_reduce(o.redop, grads);
+      auto t1 = Clock::now();
+      for (int k = 0; k < o.batch; ++k) out[static_cast<std::size_t>(k)] = ctx.all_reduce(o.redop, grads[static_cast<std::size_t>(k)]);
+      auto t2 = Clock::now();
+      if (r == 0 && it >= o.warmup) {
+        packed.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        separate.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      }
+    }
+    if (o.check && r == 0) {
+      for (const Tensor& t : out) wrong += count_wrong(o, t, count, o.replicas);
+    }
+  });
+  std::sort(packed.begin(), packed.end());
+  std::sort(separate.begin(), separate.end());
+  const double p = packed[packed.size() / 2], q = separate[separate.size() / 2];
+  std::printf("# distribute-bench --batch: all_reduce of %d x %zu B %s tensors, %d replicas, iters=%d\n", o.batch,
+              count * size_of(o.dtype), std::string(to_string(o.dtype)).c_str(), o.replicas, o.iters);
+  std::printf("# %16s %16s %10s %7s\n", "one call (us)", "K calls (us)", "speed-up", "#wrong");
+  std::printf("  %16.1f %16.1f %10.2f %7s\n", p, q, q / p, o.check ? std::to_string(wrong).c_str() : "N/A");
+  return wrong == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.batch > 0) return run_batch(o);
   const std::size_t esz = size_of(o.dtype);
   std::unique_ptr<MirroredStrategy> strategy;
   if (o.api == "tensor") {
