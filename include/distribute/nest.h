@@ -109,6 +109,7 @@ class Nest {
 
   std::vector<T> flatten() const {
     std::vector<T> out;
+    out.reserve(num_leaves());
     for_each_leaf([&](const T& leaf) { out.push_back(leaf); });
     return out;
   }
@@ -148,6 +149,7 @@ class Nest {
       }
       default: {
         std::vector<Nest<U>> out;
+        out.reserve(items().size());
         for (const auto& child : items()) out.push_back(child.map(f));
         return kind() == NestKind::kList ? Nest<U>::list(std::move(out)) : Nest<U>::tuple(std::move(out));
       }

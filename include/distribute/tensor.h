@@ -10,6 +10,8 @@
 //   std::cout << c;  // <tf.Tensor: shape=(6,), dtype=int32, numpy=array([1, 2, 3, 1, 2, 3], dtype=int32)>
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <iosfwd>
@@ -24,31 +26,45 @@
 
 namespace distribute {
 
-// Dimensions of a tensor, outermost first. Every dimension is >= 0.
+// Dimensions of a tensor, outermost first. Every dimension is >= 0. Up to 8
+// dimensions are stored inline, so copying a Shape (and a Tensor) allocates
+// nothing.
 class Shape {
  public:
   Shape() = default;
   Shape(std::initializer_list<std::int64_t> dims);
-  explicit Shape(std::vector<std::int64_t> dims);
+  explicit Shape(const std::vector<std::int64_t>& dims);
+  explicit Shape(std::span<const std::int64_t> dims);
 
-  int rank() const { return static_cast<int>(dims_.size()); }
+  int rank() const { return rank_; }
   std::int64_t num_elements() const;
-  std::int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
+  std::int64_t operator[](int i) const { return data()[i]; }
   std::int64_t dim(int i) const;  // bounds-checked, throws OutOfRangeError
-  const std::vector<std::int64_t>& dims() const { return dims_; }
+  std::vector<std::int64_t> dims() const { return {data(), data() + rank_}; }
+  std::span<const std::int64_t> dims_span() const { return {data(), static_cast<std::size_t>(rank_)}; }
   // TensorFlow/numpy spelling: "()", "(6,)", "(2, 3)".
   std::string to_string() const;
 
-  friend bool operator==(const Shape&, const Shape&) = default;
+  friend bool operator==(const Shape& a, const Shape& b) {
+    return a.rank_ == b.rank_ && std::equal(a.data(), a.data() + a.rank_, b.data());
+  }
 
  private:
-  std::vector<std::int64_t> dims_;
+  static constexpr int kInlineRank = 8;
+  const std::int64_t* data() const { return rank_ <= kInlineRank ? inline_.data() : heap_.data(); }
+
+  int rank_ = 0;
+  std::array<std::int64_t, kInlineRank> inline_{};
+  std::vector<std::int64_t> heap_;  // only for rank > kInlineRank
 };
 
 // The host's first CPU device: where tensors go outside any replica.
 inline constexpr const char* kHostDevice = "/job:localhost/replica:0/task:0/device:CPU:0";
 
 namespace internal {
+// A stable copy of a device name, shared by every tensor on that device (the
+// registry only grows; device names are few).
+const std::string* intern_device(std::string_view device);
 // The device new tensors are placed on when none is given, as TensorFlow's
 // `with tf.device(...)` scope: kHostDevice, or the replica's device inside
 // Strategy::run (the runtime sets it on each replica thread).
@@ -84,7 +100,7 @@ class Tensor {
   std::int64_t num_elements() const { return shape_.num_elements(); }
   std::size_t nbytes() const { return static_cast<std::size_t>(num_elements()) * size_of(dtype_); }
   // Canonical device name, e.g. "/job:localhost/replica:0/task:0/device:CPU:1".
-  const std::string& device() const { return device_; }
+  const std::string& device() const { return *device_; }
 
   const void* raw_data() const { return data_.get(); }
   // Writes are seen by every Tensor that shares this storage.
@@ -142,7 +158,7 @@ class Tensor {
   DType dtype_ = DType::kFloat32;
   Shape shape_{0};
   std::shared_ptr<std::byte> data_;
-  std::string device_;
+  const std::string* device_;  // interned (internal::intern_device): copies share it
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

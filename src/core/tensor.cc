@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
+#include <unordered_set>
 #include <ostream>
 
 #include "core/storage.h"
@@ -12,17 +14,24 @@ namespace distribute {
 
 // ---- Shape -------------------------------------------------------------------
 
-Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::vector<std::int64_t>(dims)) {}
+Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
 
-Shape::Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {
-  for (std::int64_t d : dims_) {
+Shape::Shape(const std::vector<std::int64_t>& dims) : Shape(std::span<const std::int64_t>(dims)) {}
+
+Shape::Shape(std::span<const std::int64_t> dims) : rank_(static_cast<int>(dims.size())) {
+  if (rank_ <= kInlineRank) {
+    std::copy(dims.begin(), dims.end(), inline_.begin());
+  } else {
+    heap_.assign(dims.begin(), dims.end());
+  }
+  for (std::int64_t d : dims) {
     if (d < 0) throw InvalidArgumentError("Shape: negative dimension in " + to_string());
   }
 }
 
 std::int64_t Shape::num_elements() const {
   std::int64_t n = 1;
-  for (std::int64_t d : dims_) n *= d;
+  for (int i = 0; i < rank_; ++i) n *= data()[i];
   return n;
 }
 
@@ -30,13 +39,13 @@ std::int64_t Shape::dim(int i) const {
   if (i < 0 || i >= rank()) {
     throw OutOfRangeError("Shape::dim: index " + std::to_string(i) + " out of range for shape " + to_string());
   }
-  return dims_[static_cast<std::size_t>(i)];
+  return data()[i];
 }
 
 std::string Shape::to_string() const {
   std::string s = "(";
-  for (std::size_t i = 0; i < dims_.size(); ++i) s += (i ? ", " : "") + std::to_string(dims_[i]);
-  if (dims_.size() == 1) s += ",";
+  for (int i = 0; i < rank_; ++i) s += (i ? ", " : "") + std::to_string(data()[i]);
+  if (rank_ == 1) s += ",";
   return s + ")";
 }
 
@@ -46,22 +55,30 @@ std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.to_s
 
 namespace internal {
 namespace {
-const std::string& host_device() {
-  static const std::string host(kHostDevice);
-  return host;
-}
 thread_local const std::string* current_device = nullptr;
 }  // namespace
 
-const std::string& default_device() { return current_device ? *current_device : host_device(); }
+const std::string* intern_device(std::string_view device) {
+  static std::mutex* mu = new std::mutex();
+  static auto* names = new std::unordered_set<std::string>();  // never destroyed: tensors outlive statics
+  std::lock_guard<std::mutex> lock(*mu);
+  return &*names->emplace(device).first;
+}
 
-DeviceScope::DeviceScope(const std::string& device) : previous_(current_device) { current_device = &device; }
+const std::string& default_device() {
+  static const std::string* host = intern_device(kHostDevice);
+  return current_device ? *current_device : *host;
+}
+
+DeviceScope::DeviceScope(const std::string& device) : previous_(current_device) {
+  current_device = intern_device(device);
+}
 DeviceScope::~DeviceScope() { current_device = previous_; }
 }  // namespace internal
 
 // ---- Tensor ------------------------------------------------------------------
 
-Tensor::Tensor() = default;
+Tensor::Tensor() : device_(&internal::default_device()) {}
 
 Tensor::Tensor(DType dtype, Shape shape, std::string device)
     : Tensor(uninitialized(dtype, std::move(shape), std::move(device))) {
@@ -78,7 +95,7 @@ Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape s
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   t.data_ = std::move(data);
-  t.device_ = device.empty() ? internal::default_device() : std::move(device);
+  t.device_ = device.empty() ? &internal::default_device() : internal::intern_device(device);
   if (!t.data_ && t.nbytes() > 0) throw InvalidArgumentError("Tensor::from_shared: null storage for " + t.shape_.to_string());
   return t;
 }
@@ -130,7 +147,7 @@ double Tensor::element_as_double(std::int64_t i) const {
 
 Tensor Tensor::with_device(std::string device) const {
   Tensor t = *this;
-  t.device_ = device.empty() ? internal::default_device() : std::move(device);
+  t.device_ = device.empty() ? &internal::default_device() : internal::intern_device(device);
   return t;
 }
 
@@ -145,7 +162,7 @@ Tensor Tensor::reshape(Shape shape) const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t = uninitialized(dtype_, shape_, device_);
+  Tensor t = uninitialized(dtype_, shape_, *device_);
   if (nbytes() > 0) std::memcpy(t.data_.get(), data_.get(), nbytes());
   return t;
 }

@@ -158,7 +158,7 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
   // Fast path: the signature's hash travels with the first data round. Only if
   // the hashes differ do the replicas exchange full signatures, to explain.
   call.signature_tag = sig.tag(/*with_leaves=*/true);
-  const std::string& device = strategy_->devices()[static_cast<std::size_t>(local_id_)];
+  const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   try {
     return Nest<Tensor>::pack_sequence_as(
         value, reduce_packed(ch, leaves, op, std::max<std::int64_t>(0, opts.bytes_per_pack), call, device));
@@ -205,7 +205,7 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
     index_counts.push_back(static_cast<std::size_t>(rows));
     total_rows += rows;
   }
-  const std::string& device = strategy_->devices()[static_cast<std::size_t>(local_id_)];
+  const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   std::vector<std::int64_t> dims = value.values().shape().dims();
   dims[0] = total_rows;
   Tensor values = Tensor::uninitialized(value.dtype(), Shape(dims), device);
@@ -238,7 +238,7 @@ Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, con
   const std::vector<Signature> sigs = agree(ch, sig, call, first_replica_of_group(*this),
                                             internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
 
-  const std::string& device = strategy_->devices()[static_cast<std::size_t>(local_id_)];
+  const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   std::vector<Tensor> out;
   out.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
