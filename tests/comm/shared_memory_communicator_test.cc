@@ -9,6 +9,7 @@
 #include <memory>
 #include <tuple>
 
+#include "testing/reduce_reference.h"
 #include "testing/threads.h"
 
 namespace distribute::internal {
@@ -25,59 +26,10 @@ CollectiveCall call(std::string_view op) {
   return c;
 }
 
-double input_value(DType dtype, int rank, std::size_t i) {
-  if (dtype == DType::kBool) return (i + static_cast<std::size_t>(rank)) % 3 != 0 ? 1 : 0;
-  return static_cast<double>(i % 5) + rank;
-}
-
-template <class T>
-T to_dtype(double v) {
-  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-    return T(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return v != 0;
-  } else if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(static_cast<std::int64_t>(v));  // modular for out-of-range values
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-// The reference: combine in double (exact for these small integers), then
-// apply the dtype's rule.
-template <class T>
-T expected_value(ReduceOp op, int n, std::size_t i, DType dtype) {
-  double acc = input_value(dtype, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double x = input_value(dtype, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kMean: acc += x; break;
-      case ReduceOp::kProduct: acc *= x; break;
-      case ReduceOp::kMin: acc = std::min(acc, x); break;
-      case ReduceOp::kMax: acc = std::max(acc, x); break;
-    }
-  }
-  if constexpr (std::is_same_v<T, bool>) {
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kMax: return acc != 0;
-      case ReduceOp::kMean: return std::trunc(acc / n) != 0;
-      default: return acc != 0;
-    }
-  } else if constexpr (std::is_integral_v<T>) {
-    if (op == ReduceOp::kMean) return to_dtype<T>(std::trunc(acc / n));
-    return to_dtype<T>(acc);
-  } else {
-    if (op == ReduceOp::kMean) acc /= n;
-    return to_dtype<T>(acc);
-  }
-}
-
-template <class T>
-bool same_bits(const T& a, const T& b) {
-  return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
+using distribute::testing::expected_value;
+using distribute::testing::input_value;
+using distribute::testing::same_bits;
+using distribute::testing::to_dtype;
 
 void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op);
 

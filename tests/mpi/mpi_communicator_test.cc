@@ -1,0 +1,174 @@
+// The MPI backend against the same reference as the threads backend, run by
+// ctest under mpirun with 2 and 3 processes. Rank r holds x_r[i] = (i % 5) + r.
+#include "comm/mpi/mpi_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include "testing/reduce_reference.h"
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <tuple>
+
+namespace distribute::internal {
+namespace {
+
+CollectiveCall call(std::string_view op, std::uint64_t seq = 1, double timeout = 60) {
+  CollectiveCall c;
+  c.op = op;
+  c.sequence = seq;
+  c.timeout_seconds = timeout;
+  return c;
+}
+
+using distribute::testing::expected_value;
+using distribute::testing::input_value;
+using distribute::testing::same_bits;
+using distribute::testing::to_dtype;
+
+class MpiAllReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp>> {};
+
+TEST_P(MpiAllReduceTest, MatchesReferenceOnEveryRank) {
+  const auto [dtype, op] = GetParam();
+  MpiCommunicator comm;
+  const int n = comm.size();
+  // Counts straddle the gather-all path (4 KiB) and cover slices of unequal length.
+  for (std::size_t count : {0u, 1u, 7u, 1000u, 4097u, 65537u}) {
+    for (bool in_place : {false, true}) {
+      const std::size_t esz = size_of(dtype);
+      std::vector<std::byte> send(count * esz + 1), recv(count * esz + 1);
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        auto* p = reinterpret_cast<T*>(send.data());
+        for (std::size_t i = 0; i < count; ++i) p[i] = to_dtype<T>(input_value(dtype, comm.rank(), i));
+      });
+      void* out = in_place ? static_cast<void*>(send.data()) : recv.data();
+      comm.all_reduce(send.data(), out, count, dtype, op, call("all_reduce"));
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = reinterpret_cast<const T*>(out);
+        for (std::size_t i = 0; i < count; ++i) {
+          const T want = expected_value<T>(op, n, i, dtype);
+          ASSERT_TRUE(same_bits(p[i], want))
+              << "rank " << comm.rank() << " element " << i << " count " << count << " in_place " << in_place;
+        }
+      });
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, MpiAllReduceTest,
+                         ::testing::Combine(::testing::ValuesIn(kAllDTypes), ::testing::ValuesIn(kAllReduceOps)),
+                         [](const auto& p) {
+                           return std::string(to_string(std::get<0>(p.param))) + "_" +
+                                  std::string(to_string(std::get<1>(p.param)));
+                         });
+
+TEST(MpiCommunicatorTest, ResultsAreBitIdenticalAcrossRanks) {
+  MpiCommunicator comm;
+  std::vector<float> x(100000);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 97) + 0.01f * comm.rank();
+  std::vector<float> out(x.size());
+  comm.all_reduce(x.data(), out.data(), x.size(), DType::kFloat32, ReduceOp::kMean, call("all_reduce"));
+  std::vector<float> root(out);
+  comm.broadcast(root.data(), root.size(), DType::kFloat32, 0, call("broadcast", 2));
+  EXPECT_EQ(std::memcmp(root.data(), out.data(), out.size() * sizeof(float)), 0);
+}
+
+TEST(MpiCommunicatorTest, RaggedAllGatherWithOuterRows) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) {
+    std::vector<std::size_t> counts;
+    std::size_t row = 0;
+    for (int q = 0; q < n; ++q) {
+      counts.push_back(static_cast<std::size_t>(q) + 2);
+      row += counts.back();
+    }
+    std::vector<std::int32_t> send;
+    for (std::size_t o = 0; o < outer; ++o) {
+      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j) {
+        send.push_back(comm.rank() * 10000 + static_cast<int>(o) * 100 + static_cast<int>(j));
+      }
+    }
+    std::vector<std::int32_t> recv(outer * row, -1);
+    comm.all_gather_v(send.data(), recv.data(), counts, outer, DType::kInt32, call("all_gather"));
+    std::size_t k = 0;
+    for (std::size_t o = 0; o < outer; ++o) {
+      for (int q = 0; q < n; ++q) {
+        for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
+          ASSERT_EQ(recv[k], q * 10000 + static_cast<int>(o) * 100 + static_cast<int>(j)) << "outer " << outer;
+        }
+      }
+    }
+  }
+}
+
+TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
+  MpiCommunicator comm;
+  for (int root = 0; root < comm.size(); ++root) {
+    std::vector<double> buf(5000, comm.rank() == root ? 1.5 * root : -1.0);
+    comm.broadcast(buf.data(), buf.size(), DType::kFloat64, root, call("broadcast"));
+    EXPECT_EQ(buf, std::vector<double>(5000, 1.5 * root));
+  }
+}
+
+TEST(MpiCommunicatorTest, ExchangeGivesEveryPayloadInRankOrder) {
+  MpiCommunicator comm;
+  auto all = comm.exchange(std::string(static_cast<std::size_t>(comm.rank()) * 3, 'a' + static_cast<char>(comm.rank())),
+                           call("exchange"));
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(comm.size()));
+  for (int q = 0; q < comm.size(); ++q) {
+    EXPECT_EQ(all[static_cast<std::size_t>(q)], std::string(static_cast<std::size_t>(q) * 3, 'a' + static_cast<char>(q)));
+  }
+  EXPECT_EQ(comm.backend_name(), "mpi");
+}
+
+TEST(MpiCommunicatorTest, DifferentTagsThrowOnEveryRankAndTheCommunicatorStaysUsable) {
+  MpiCommunicator comm;
+  CollectiveCall c = call("all_reduce");
+  c.signature_tag = comm.rank() == comm.size() - 1 ? 0x1234 : 0x5678;
+  float in = 1, out = -1;
+  EXPECT_THROW(comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, c), SignatureMismatch);
+  EXPECT_EQ(out, -1);  // no data moved
+  c.signature_tag = 0x5678;
+  comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, c);
+  EXPECT_EQ(out, static_cast<float>(comm.size()));
+}
+
+TEST(MpiCommunicatorTest, LateRankMakesTheOthersTimeOut) {
+  MpiCommunicator comm;  // its own communicator: it is unusable after a timeout
+  if (comm.rank() == 0) {
+    try {
+      comm.barrier(call("barrier", 7, 0.2));
+      FAIL() << "expected DeadlineExceededError";
+    } catch (const DeadlineExceededError& e) {
+      EXPECT_NE(std::string(e.what()).find("barrier #7 timed out after"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(comm.barrier(call("barrier", 8)), DeadlineExceededError);  // broken for good
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  }
+  // The late ranks still complete the barrier that rank 0 started.
+  if (comm.rank() != 0) comm.barrier(call("barrier", 7));
+}
+
+TEST(MpiCommunicatorTest, AbortReleasesAWaitingRank) {
+  MpiCommunicator comm;
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
+  if (comm.rank() == 0) {
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      comm.abort(ErrorCode::kAborted, "replica 3 failed", 3);
+    });
+    EXPECT_THROW(comm.barrier(call("barrier", 1, 0)), AbortedError);
+    stopper.join();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    comm.barrier(call("barrier", 1));  // completes rank 0's barrier in MPI
+  }
+}
+
+}  // namespace
+}  // namespace distribute::internal
