@@ -62,6 +62,17 @@ class Communicator {
   // `mean_divisor`, or size() when 0). send == recv is allowed (in place).
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                           const CollectiveCall& call, std::int64_t mean_divisor = 0) = 0;
+  // One all_reduce over several buffers of one dtype, as if they were
+  // concatenated (every rank passes the same segment counts): how a pack of
+  // many values is reduced without first copying them together. The default
+  // stages through one contiguous buffer; a backend may do better.
+  struct Segment {
+    const void* send = nullptr;
+    void* recv = nullptr;
+    std::size_t count = 0;
+  };
+  virtual void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                   const CollectiveCall& call, std::int64_t mean_divisor = 0);
   // Rank r contributes outer * counts[r] elements, seen as `outer` rows of
   // counts[r]. recv holds `outer` rows, each the concatenation of every
   // rank's row in rank order (outer == 1: plain all-gather-v).

@@ -21,11 +21,6 @@ struct ReplicaChannel {
   std::uint64_t sequence = 0;  // collectives issued by this replica in this run
   std::uint64_t data_calls = 0;  // communicator data calls (one per pack / gathered value), for tests and stats
   double stall_warning_seconds = 0;
-  // Reused staging buffer for packing several values into one collective.
-  std::shared_ptr<std::byte> scratch;
-  std::size_t scratch_bytes = 0;
-
-  std::byte* scratch_buffer(std::size_t bytes);
 };
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.

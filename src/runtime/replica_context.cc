@@ -121,19 +121,21 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
       out[pack.leaves[0]] = std::move(result);
       continue;
     }
-    std::byte* staging = ch.scratch_buffer(pack.count * esz);
+    // The pack is reduced straight from the values into one output buffer
+    // (no staging copy); each result is a view into that buffer.
+    std::shared_ptr<std::byte> result = internal::allocate_storage(pack.count * esz);
+    std::vector<Communicator::Segment> segments;
+    segments.reserve(pack.leaves.size());
     std::size_t offset = 0;
     for (std::size_t i : pack.leaves) {
-      const std::size_t bytes = leaves[i].nbytes();
-      if (bytes) std::memcpy(staging + offset, leaves[i].raw_data(), bytes);
-      offset += bytes;
+      segments.push_back({leaves[i].raw_data(), result.get() + offset, static_cast<std::size_t>(leaves[i].num_elements())});
+      offset += leaves[i].nbytes();
     }
-    std::shared_ptr<std::byte> result = internal::allocate_storage(pack.count * esz);
-    ch.comm->all_reduce(staging, result.get(), pack.count, pack.dtype, op, call);
+    ch.comm->all_reduce_segments(segments, pack.dtype, op, call);
     call.signature_tag = 0;
     ++ch.data_calls;
     offset = 0;
-    for (std::size_t i : pack.leaves) {  // results are views into the pack: no copy back
+    for (std::size_t i : pack.leaves) {
       std::shared_ptr<std::byte> view(result, result.get() + offset);
       out[i] = Tensor::from_shared(leaves[i].nbytes() ? std::move(view) : nullptr, leaves[i].dtype(),
                                    leaves[i].shape(), device);

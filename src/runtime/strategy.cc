@@ -22,14 +22,6 @@
 namespace distribute {
 namespace internal {
 
-std::byte* ReplicaChannel::scratch_buffer(std::size_t bytes) {
-  if (bytes > scratch_bytes) {
-    scratch = allocate_storage(bytes);
-    scratch_bytes = bytes;
-  }
-  return scratch.get();
-}
-
 void RunResources::reset() {
   local->reset();
   for (auto& ch : channels) {

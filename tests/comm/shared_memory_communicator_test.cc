@@ -103,6 +103,63 @@ TEST(AllReduceStreamingTest, LargeMessagesMatchReference) {
   }
 }
 
+// A pack of many values reduced in place of the values: segment counts cross
+// member slices and chunks, zero-length segments included.
+TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
+  const std::vector<std::size_t> counts = {0, 1, 300, 0, 17000, 5, 40000, 2};
+  for (DType dtype : {DType::kFloat32, DType::kInt8, DType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+      for (int n : {1, 2, 3, 7}) {
+        for (bool small : {true, false}) {
+          SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n) +
+                       (small ? " small" : " large"));
+          const std::vector<std::size_t> seg_counts = small ? std::vector<std::size_t>{3, 0, 5, 1} : counts;
+          const std::size_t esz = size_of(dtype);
+          auto group = std::make_shared<LocalGroup>(n);
+          // send[r][s], recv[r][s]; element i of the concatenation is input_value(r, i)
+          std::vector<std::vector<std::vector<std::byte>>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+          for (int r = 0; r < n; ++r) {
+            std::size_t base = 0;
+            for (std::size_t c : seg_counts) {
+              std::vector<std::byte> in(c * esz + 1), out(c * esz + 1);
+              visit_dtype(dtype, [&](auto tag) {
+                using T = decltype(tag);
+                for (std::size_t i = 0; i < c; ++i) reinterpret_cast<T*>(in.data())[i] = to_dtype<T>(input_value(dtype, r, base + i));
+              });
+              send[static_cast<std::size_t>(r)].push_back(std::move(in));
+              recv[static_cast<std::size_t>(r)].push_back(std::move(out));
+              base += c;
+            }
+          }
+          auto errors = run_threads(n, [&](int r) {
+            SharedMemoryCommunicator comm(group, r);
+            std::vector<Communicator::Segment> segments;
+            for (std::size_t s = 0; s < seg_counts.size(); ++s) {
+              segments.push_back({send[static_cast<std::size_t>(r)][s].data(), recv[static_cast<std::size_t>(r)][s].data(), seg_counts[s]});
+            }
+            comm.all_reduce_segments(segments, dtype, op, call("all_reduce"));
+          });
+          for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+          visit_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            for (int r = 0; r < n; ++r) {
+              std::size_t base = 0;
+              for (std::size_t s = 0; s < seg_counts.size(); ++s) {
+                const T* p = reinterpret_cast<const T*>(recv[static_cast<std::size_t>(r)][s].data());
+                for (std::size_t i = 0; i < seg_counts[s]; ++i) {
+                  ASSERT_TRUE(same_bits(p[i], expected_value<T>(op, n, base + i, dtype)))
+                      << "rank " << r << " segment " << s << " element " << i;
+                }
+                base += seg_counts[s];
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
 class GatherTest : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
 
 // Rank r contributes outer rows of (r + base) int32 elements each, valued

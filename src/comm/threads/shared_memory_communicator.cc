@@ -139,6 +139,49 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   if (n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still use its buffers
 }
 
+void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                                   const CollectiveCall& call, std::int64_t mean_divisor) {
+  const int n = size();
+  const std::size_t esz = size_of(dtype);
+  std::size_t total = 0;
+  for (const Segment& seg : segments) total += seg.count;
+  if (n == 1 || total * esz <= kLatencyPathBytes) {
+    Communicator::all_reduce_segments(segments, dtype, op, call, mean_divisor);  // small: stage, one round
+    return;
+  }
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
+  // Every member publishes its segment table; all tables have the same counts.
+  const auto& entries = group_->arrive(rank_, {.send = segments.data(), .tag = call.signature_tag}, call);
+  std::vector<const void*> heap_srcs;
+  const void* stack_srcs[kStackSources];
+  const void** srcs = stack_srcs;
+  if (n > kStackSources) {
+    heap_srcs.resize(static_cast<std::size_t>(n));
+    srcs = heap_srcs.data();
+  }
+  auto table = [&](int q) { return static_cast<const Segment*>(entries[static_cast<std::size_t>(q)].send); };
+  // Member r owns elements [begin, end) of the concatenation, walked segment by segment.
+  const std::size_t begin = total * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
+  const std::size_t end = total * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
+  const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
+  std::size_t seg_start = 0;
+  for (std::size_t s = 0; s < segments.size() && seg_start < end; seg_start += segments[s].count, ++s) {
+    const std::size_t lo = std::max(begin, seg_start);
+    const std::size_t hi = std::min(end, seg_start + segments[s].count);
+    for (std::size_t at = lo; at < hi; at += chunk) {
+      const std::size_t len = std::min(chunk, hi - at);
+      const std::size_t off = (at - seg_start) * esz;
+      for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
+      auto* out = static_cast<std::byte*>(segments[s].recv) + off;
+      reduce_sources(out, {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
+      for (int q = 0; q < n; ++q) {
+        if (q != rank_) std::memcpy(static_cast<std::byte*>(table(q)[s].recv) + off, out, len * esz);
+      }
+    }
+  }
+  group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still use its buffers
+}
+
 void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
                                             std::size_t outer, DType dtype, const CollectiveCall& call) {
   const int n = size();

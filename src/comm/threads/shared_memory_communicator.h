@@ -40,6 +40,9 @@ class SharedMemoryCommunicator final : public Communicator {
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
+  // The bandwidth path straight from and into every segment: no staging copy.
+  void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op, const CollectiveCall& call,
+                           std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                     DType dtype, const CollectiveCall& call) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;

@@ -1,0 +1,30 @@
+#include "distribute/communicator.h"
+
+#include <cstring>
+
+#include "core/storage.h"
+
+namespace distribute {
+
+void Communicator::all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                       const CollectiveCall& call, std::int64_t mean_divisor) {
+  const std::size_t esz = size_of(dtype);
+  std::size_t total = 0;
+  for (const Segment& s : segments) total += s.count;
+  // From the storage cache: a large pack reuses its staging block each step.
+  std::shared_ptr<std::byte> block = internal::allocate_storage(total * esz);
+  std::byte* staged = block.get();
+  std::size_t at = 0;
+  for (const Segment& s : segments) {
+    if (s.count) std::memcpy(staged + at, s.send, s.count * esz);
+    at += s.count * esz;
+  }
+  all_reduce(staged, staged, total, dtype, op, call, mean_divisor);
+  at = 0;
+  for (const Segment& s : segments) {
+    if (s.count) std::memcpy(s.recv, staged + at, s.count * esz);
+    at += s.count * esz;
+  }
+}
+
+}  // namespace distribute
