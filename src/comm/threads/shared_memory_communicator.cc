@@ -54,6 +54,18 @@ void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
 #endif
 }
 
+// The per-member source pointers of one reduction: on the stack up to
+// kStackSources members, on the heap beyond.
+class SourceList {
+ public:
+  explicit SourceList(int n) : heap_(n > kStackSources ? static_cast<std::size_t>(n) : 0) {}
+  const void** data() { return heap_.empty() ? stack_ : heap_.data(); }
+
+ private:
+  const void* stack_[kStackSources];
+  std::vector<const void*> heap_;
+};
+
 // Streaming stores are weakly ordered: fence them before the round that
 // tells the other members the data is there.
 void stream_fence() {
@@ -83,13 +95,8 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   const std::size_t esz = size_of(dtype);
   const std::size_t bytes = count * esz;
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
-  std::vector<const void*> heap_srcs;
-  const void* stack_srcs[kStackSources];
-  const void** srcs = stack_srcs;
-  if (n > kStackSources) {
-    heap_srcs.resize(static_cast<std::size_t>(n));
-    srcs = heap_srcs.data();
-  }
+  SourceList source_list(n);
+  const void** srcs = source_list.data();
 
   if (bytes <= kLatencyPathBytes) {
     // Latency path: one round, every member reduces every inline copy.
@@ -152,13 +159,8 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
   // Every member publishes its segment table; all tables have the same counts.
   const auto& entries = group_->arrive(rank_, {.send = segments.data(), .tag = call.signature_tag}, call);
-  std::vector<const void*> heap_srcs;
-  const void* stack_srcs[kStackSources];
-  const void** srcs = stack_srcs;
-  if (n > kStackSources) {
-    heap_srcs.resize(static_cast<std::size_t>(n));
-    srcs = heap_srcs.data();
-  }
+  SourceList source_list(n);
+  const void** srcs = source_list.data();
   auto table = [&](int q) { return static_cast<const Segment*>(entries[static_cast<std::size_t>(q)].send); };
   // Member r owns elements [begin, end) of the concatenation, walked segment by segment.
   const std::size_t begin = total * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
