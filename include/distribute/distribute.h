@@ -21,6 +21,7 @@
 #include "distribute/errors.h"
 #include "distribute/indexed_slices.h"
 #include "distribute/mirrored_strategy.h"
+#include "distribute/multi_worker_mirrored_strategy.h"
 #include "distribute/nest.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"

@@ -2,7 +2,8 @@
 //
 // Strategy, as tf.distribute.Strategy: runs a function on every replica and
 // combines per-replica values in the cross-replica context. Concrete
-// strategies are in mirrored_strategy.h (default, OneDevice, Mirrored).
+// strategies are in mirrored_strategy.h (default, OneDevice, Mirrored) and
+// multi_worker_mirrored_strategy.h.
 //
 //   MirroredStrategy strategy({"CPU:0", "CPU:1"});
 //   PerReplica<Tensor> r = strategy.run([](ReplicaContext& ctx) {
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "distribute/communicator.h"
 #include "distribute/context.h"
 #include "distribute/distributed_values.h"
 #include "distribute/indexed_slices.h"
@@ -206,17 +208,25 @@ class Strategy {
   Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
            CommunicationOptions options);
 
-  // Reduces one component per local replica (same dtype and shape) across every
-  // replica in sync; MEAN divides by `mean_divisor` (num_replicas_in_sync if 0).
-  // Multi-worker strategies override this to reduce across processes.
-  virtual Tensor reduce_components(ReduceOp op, const std::vector<Tensor>& components,
-                                   const CommunicationOptions& options, std::int64_t mean_divisor);
+  // Multi-worker strategies, from their constructor: `workers` has one member
+  // per worker process (this process is member workers->rank()); every
+  // collective then spans all workers (see multi_worker_mirrored_strategy.h).
+  void set_workers(Communicator* workers);
+  Communicator* workers() const;
 
  private:
   friend class StrategyExtended;
   friend class ReplicaContext;
+  // Reduces one component per local replica (same dtype and shape, agreed by
+  // every worker) across every replica in sync; MEAN divides by
+  // `mean_divisor` (num_replicas_in_sync if 0).
+  Tensor reduce_components(ReduceOp op, const std::vector<Tensor>& components, const CommunicationOptions& options,
+                           std::int64_t mean_divisor);
   Tensor reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes);
-  void check_components(const std::vector<Tensor>& components, std::string_view api) const;
+  // Checks the components of a cross-replica collective (count, dtype, shape);
+  // with several workers, the workers then agree on them, so a bad argument
+  // raises the same error on every worker instead of leaving the others waiting.
+  void check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op);
 
   std::vector<std::string> devices_;
   int num_replicas_in_sync_;

@@ -1,4 +1,5 @@
 #include "distribute/mirrored_strategy.h"
+#include "distribute/multi_worker_mirrored_strategy.h"
 
 #include <algorithm>
 #include <cctype>
@@ -34,6 +35,8 @@ std::string canonical_device_name(std::string_view device) {
                                "\"/job:localhost/replica:0/task:0/device:CPU:2\"");
   };
   std::string type;
+  std::string job = "localhost";
+  int task = 0;
   int index = -1;
   std::size_t pos = 0;
   while (pos <= device.size()) {
@@ -48,16 +51,18 @@ std::string canonical_device_name(std::string_view device) {
     std::string_view rest = part.substr(colon + 1);
     int n = 0;
     if (key == "job") {
-      if (rest != "localhost") {
-        throw InvalidArgumentError("device '" + original +
-                                   "': MirroredStrategy runs on this process only (job 'localhost'); use "
-                                   "MultiWorkerMirroredStrategy for other workers");
+      if (rest != "localhost" && rest != "worker") {
+        throw InvalidArgumentError("device '" + original + "': unknown job '" + std::string(rest) +
+                                   "'; devices belong to job 'localhost' (this process) or 'worker' (a worker of "
+                                   "MultiWorkerMirroredStrategy)");
       }
+      job = std::string(rest);
     } else if (key == "replica" || key == "task") {
       if (!parse_index(rest, n)) return bad("bad " + key + " number");
-      if (n != 0) {
-        throw InvalidArgumentError("device '" + original + "': " + key + " " + std::to_string(n) +
-                                   " is another process; only replica:0/task:0 is local");
+      if (key == "task") task = n;
+      if (n != 0 && key == "replica") {
+        throw InvalidArgumentError("device '" + original + "': replica " + std::to_string(n) +
+                                   " is another process; only replica:0 exists");
       }
     } else {
       std::string dev_type = key;
@@ -79,7 +84,11 @@ std::string canonical_device_name(std::string_view device) {
     }
   }
   if (type.empty()) return bad("no device type and index");
-  return "/job:localhost/replica:0/task:0/device:" + type + ":" + std::to_string(index);
+  if (job == "localhost" && task != 0) {
+    throw InvalidArgumentError("device '" + original + "': task " + std::to_string(task) +
+                               " is another process; only task:0 of job 'localhost' is local");
+  }
+  return "/job:" + job + "/replica:0/task:" + std::to_string(task) + "/device:" + type + ":" + std::to_string(index);
 }
 
 namespace {
@@ -88,7 +97,15 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
     throw InvalidArgumentError("Got an empty `devices` list and unable to recognize any local devices.");
   }
   std::vector<std::string> out;
-  for (const auto& d : devices) out.push_back(canonical_device_name(d));
+  for (const auto& d : devices) {
+    out.push_back(canonical_device_name(d));
+    if (out.back().rfind("/job:localhost/", 0) != 0) {
+      throw InvalidArgumentError("device '" + d +
+                                 "' is a device of another worker; a strategy's devices are this process's own "
+                                 "(\"CPU:0\", ...). MultiWorkerMirroredStrategy names the other workers' devices "
+                                 "itself");
+    }
+  }
   std::vector<std::string> sorted = out;
   std::sort(sorted.begin(), sorted.end());
   const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
@@ -125,5 +142,89 @@ MirroredStrategy::MirroredStrategy() : MirroredStrategy(all_cpus()) {}
 
 MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options)
     : Strategy(canonical_devices(devices), static_cast<int>(devices.size()), 0, std::move(options)) {}
+
+
+// ---- MultiWorkerMirroredStrategy -----------------------------------------------
+
+namespace internal {
+struct ClusterSetup {
+  std::vector<std::string> devices;
+  std::shared_ptr<Communicator> workers;
+  int rank = 0;
+  int size = 1;
+};
+
+namespace {
+ClusterSetup make_cluster_setup(const std::vector<std::string>& local_devices, std::shared_ptr<Communicator> workers) {
+  ClusterSetup setup;
+  setup.devices = canonical_devices(local_devices);
+  if (workers != nullptr) {
+    setup.rank = workers->rank();
+    setup.size = workers->size();
+  }
+  if (setup.size > 1) {
+    // TensorFlow's names for the devices of worker task k.
+    const std::string local_prefix = "/job:localhost/replica:0/task:0/";
+    for (std::string& d : setup.devices) {
+      d = "/job:worker/replica:0/task:" + std::to_string(setup.rank) + "/" + d.substr(local_prefix.size());
+    }
+    setup.workers = std::move(workers);
+  }
+  return setup;
+}
+
+std::vector<std::string> numbered_cpus(int n) {
+  if (n < 1) {
+    throw InvalidArgumentError("MultiWorkerMirroredStrategy needs at least one local replica, got " +
+                               std::to_string(n));
+  }
+  std::vector<std::string> devices;
+  for (int i = 0; i < n; ++i) devices.push_back("CPU:" + std::to_string(i));
+  return devices;
+}
+}  // namespace
+}  // namespace internal
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const std::vector<std::string>& local_devices,
+                                                         std::shared_ptr<Communicator> workers,
+                                                         CommunicationOptions options)
+    : MultiWorkerMirroredStrategy(internal::make_cluster_setup(local_devices, std::move(workers)),
+                                  std::move(options)) {}
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std::shared_ptr<Communicator> workers,
+                                                         CommunicationOptions options)
+    : MultiWorkerMirroredStrategy(internal::numbered_cpus(local_replicas), std::move(workers), std::move(options)) {}
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup, CommunicationOptions options)
+    : Strategy(setup.devices, static_cast<int>(setup.devices.size()) * setup.size,
+               static_cast<int>(setup.devices.size()) * setup.rank, std::move(options)),
+      workers_(std::move(setup.workers)), worker_rank_(setup.rank), num_workers_(setup.size) {
+  if (workers_ != nullptr) {
+    check_local_replica_counts();
+    set_workers(workers_.get());
+  }
+}
+
+MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
+
+void MultiWorkerMirroredStrategy::check_local_replica_counts() {
+  const CommunicationOptions& opts = communication_options();
+  CollectiveCall call;
+  call.op = "MultiWorkerMirroredStrategy()";
+  call.sequence = 0;
+  call.timeout_seconds = opts.timeout && opts.timeout->count() > 0 ? opts.timeout->count() : 0;
+  const std::vector<std::string> counts = workers_->exchange(std::to_string(num_local_replicas()), call);
+  bool differ = false;
+  std::string list;
+  for (std::size_t w = 0; w < counts.size(); ++w) {
+    differ |= counts[w] != counts[0];
+    list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + counts[w];
+  }
+  if (differ) {
+    throw InvalidArgumentError(
+        "MultiWorkerMirroredStrategy: every worker must run the same number of local replicas, but they run " +
+        list);
+  }
+}
 
 }  // namespace distribute

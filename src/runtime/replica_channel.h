@@ -21,6 +21,10 @@ struct ReplicaChannel {
   std::uint64_t sequence = 0;  // collectives issued by this replica in this run
   std::uint64_t data_calls = 0;  // communicator data calls (one per pack / gathered value), for tests and stats
   double stall_warning_seconds = 0;
+  // The replica's last collective failed its signature check, which every
+  // replica of every worker runs on the same signatures: all raised the same
+  // error, nobody waits, so the run need not abort the others' collectives.
+  bool agreed_failure = false;
 };
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.

@@ -39,13 +39,25 @@ namespace {
 
 // The slow path after a SignatureMismatch: every replica exchanges its full
 // signature and the same check raises the same detailed error everywhere.
-[[noreturn]] void explain_mismatch(Communicator& comm, const Signature& sig, CollectiveCall call, int first_replica,
+// Checks signatures that every replica of the group has; an error it raises is
+// raised by every replica alike (ReplicaChannel::agreed_failure).
+void check_agreed(ReplicaChannel& ch, const std::vector<Signature>& sigs, int first_replica, internal::ShapeRule rule,
+                  int axis, const internal::LeafNamer& namer) {
+  try {
+    internal::check_signatures(sigs, first_replica, rule, axis, namer);
+  } catch (const Error&) {
+    ch.agreed_failure = true;
+    throw;
+  }
+}
+
+[[noreturn]] void explain_mismatch(ReplicaChannel& ch, const Signature& sig, CollectiveCall call, int first_replica,
                                    internal::ShapeRule rule, int axis, const internal::LeafNamer& namer) {
   call.signature_tag = 0;
-  std::vector<std::string> payloads = comm.exchange(sig.encode(), call);
+  std::vector<std::string> payloads = ch.comm->exchange(sig.encode(), call);
   std::vector<Signature> sigs;
   for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
-  internal::check_signatures(sigs, first_replica, rule, axis, namer);
+  check_agreed(ch, sigs, first_replica, rule, axis, namer);
   throw InternalError(std::string(sig.op) + " #" + std::to_string(sig.sequence) +
                       ": signature tags differ but the signatures agree (a hash collision)");
 }
@@ -60,12 +72,12 @@ std::vector<Signature> agree(ReplicaChannel& ch, const Signature& sig, Collectiv
   try {
     payloads = ch.comm->exchange(sig.encode(), call);
   } catch (const internal::SignatureMismatch&) {
-    explain_mismatch(*ch.comm, sig, call, first_replica, rule, axis, namer);
+    explain_mismatch(ch, sig, call, first_replica, rule, axis, namer);
   }
   std::vector<Signature> sigs;
   sigs.reserve(payloads.size());
   for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
-  internal::check_signatures(sigs, first_replica, rule, axis, namer);
+  check_agreed(ch, sigs, first_replica, rule, axis, namer);
   return sigs;
 }
 
@@ -166,7 +178,7 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
         value, reduce_packed(ch, leaves, op, std::max<std::int64_t>(0, opts.bytes_per_pack), call, device));
   } catch (const internal::SignatureMismatch&) {
     const std::vector<std::string> paths = value.flatten_paths();
-    explain_mismatch(*ch.comm, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,
+    explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,
                      namer_for(paths));
   }
 }

@@ -12,6 +12,7 @@ CollectiveCall next_call(ReplicaChannel& channel, std::string_view op, const Com
   CollectiveCall call;
   call.op = op;
   call.sequence = ++channel.sequence;
+  channel.agreed_failure = false;
   call.timeout_seconds = options.timeout && options.timeout->count() > 0 ? options.timeout->count() : 0;
   call.stall_warning_seconds = channel.stall_warning_seconds;
   return call;

@@ -52,7 +52,7 @@ std::string replica_list(const std::vector<int>& members, int first) {
 }
 
 // "replicas 0, 2: SUM; replica 1: MEAN" grouping members by value, in order of first appearance.
-std::string describe_values(const std::vector<std::string>& values, int first) {
+std::string describe_values(const std::vector<std::string>& values, int first, std::string_view member) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int m = 0; m < static_cast<int>(values.size()); ++m) {
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == values[static_cast<std::size_t>(m)]; });
@@ -64,7 +64,7 @@ std::string describe_values(const std::vector<std::string>& values, int first) {
   }
   std::string s;
   for (const auto& [value, members] : groups) {
-    s += (s.empty() ? "" : "; ") + std::string(members.size() > 1 ? "replicas " : "replica ") +
+    s += (s.empty() ? "" : "; ") + std::string(member) + (members.size() > 1 ? "s " : " ") +
          replica_list(members, first) + ": " + value;
   }
   return s;
@@ -157,7 +157,8 @@ std::uint64_t Signature::tag(bool with_leaves) const {
 }
 
 void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule rule, int axis,
-                      const LeafNamer& leaf_name) {
+                      const LeafNamer& leaf_name, std::string_view member) {
+  const std::string members = std::string(member) + "s";
   const Signature& s0 = sigs.front();
   const std::string label = s0.op + " #" + std::to_string(s0.sequence);
   const int n = static_cast<int>(sigs.size());
@@ -165,7 +166,7 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
   // 1. A replica found its own arguments invalid: everyone raises its error.
   for (int m = 0; m < n; ++m) {
     const Signature& s = sigs[static_cast<std::size_t>(m)];
-    if (s.error_code) throw_error(*s.error_code, s.op + " #" + std::to_string(s.sequence) + " on replica " +
+    if (s.error_code) throw_error(*s.error_code, s.op + " #" + std::to_string(s.sequence) + " on " + std::string(member) + " " +
                                                      std::to_string(first + m) + ": " + s.error);
   }
   // 2. Different collectives, or the same one at different points of the program.
@@ -176,9 +177,9 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
     ops_differ |= ops.back() != ops.front();
   }
   if (ops_differ) {
-    throw FailedPreconditionError("Collective mismatch: the replicas called different collectives (" +
-                                  describe_values(ops, first) +
-                                  "). Every replica must call the same collectives in the same order.");
+    throw FailedPreconditionError("Collective mismatch: the " + members + " called different collectives (" +
+                                  describe_values(ops, first, member) +
+                                  "). Every " + std::string(member) + " must call the same collectives in the same order.");
   }
   // 3. Arguments that must be equal.
   for (std::size_t f = 0; f < s0.fields.size(); ++f) {
@@ -190,8 +191,8 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
     }
     if (differ) {
       const std::string& name = s0.fields[f].first;
-      const std::string msg = label + ": the replicas passed different " + name + " (" +
-                              describe_values(values, first) + ").";
+      const std::string msg = label + ": the " + members + " passed different " + name + " (" +
+                              describe_values(values, first, member) + ").";
       if (name == "merge_fn and argument types") throw FailedPreconditionError(msg);
       throw InvalidArgumentError(msg);
     }
@@ -210,12 +211,12 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
       rank_differs |= leaf.dims.size() != s0.leaves[i].dims.size();
     }
     if (dtype_differs) {
-      throw InvalidArgumentError(label + ": " + what + " has different dtypes on different replicas (" +
-                                 describe_values(dtypes, first) + ").");
+      throw InvalidArgumentError(label + ": " + what + " has different dtypes on different " + members + " (" +
+                                 describe_values(dtypes, first, member) + ").");
     }
     if (rank_differs) {
       throw InvalidArgumentError(label + ": Ranks of all input tensors should match: " + what + " has shapes " +
-                                 describe_values(shapes, first) + ".");
+                                 describe_values(shapes, first, member) + ".");
     }
     const auto& d0 = s0.leaves[i].dims;
     const int leaf_axis = axis < 0 ? axis + static_cast<int>(d0.size()) : axis;  // per leaf: ranks may differ between leaves
@@ -226,11 +227,11 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
       for (const auto& s : sigs) differ |= s.leaves[i].dims[d] != d0[d];
       if (!differ) continue;
       if (rule == ShapeRule::kEqual) {
-        throw InvalidArgumentError(label + ": " + what + " has different shapes on different replicas (" +
-                                   describe_values(shapes, first) + "); all_reduce needs equal shapes.");
+        throw InvalidArgumentError(label + ": " + what + " has different shapes on different " + members + " (" +
+                                   describe_values(shapes, first, member) + "); all_reduce needs equal shapes.");
       }
       throw InvalidArgumentError(label + ": Shape mismatch: Dimension " + std::to_string(d) + " of " + what +
-                                 " must be equal on every replica (" + describe_values(shapes, first) +
+                                 " must be equal on every " + std::string(member) + " (" + describe_values(shapes, first, member) +
                                  "); only dimension " + std::to_string(rule == ShapeRule::kAllButAxis ? leaf_axis : 0) +
                                  " may differ.");
     }

@@ -58,10 +58,12 @@ enum class ShapeRule {
 using LeafNamer = std::function<std::string(std::size_t)>;
 
 // Throws the agreed error if the signatures disagree or any replica reported a
-// local error. `first_replica` is the global id of member 0 (for messages).
+// local error. `first_replica` is the global id of member 0, and `member`
+// what a member is ("replica", or "worker" for cross-replica collectives of
+// several processes), for messages.
 // `axis` (kAllButAxis) may be negative: it is normalised by each leaf's rank.
 void check_signatures(const std::vector<Signature>& sigs, int first_replica, ShapeRule rule, int axis,
-                      const LeafNamer& leaf_name);
+                      const LeafNamer& leaf_name, std::string_view member = "replica");
 
 std::string dims_to_string(const std::vector<std::int64_t>& dims);
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <typeinfo>
 
+#include "comm/hierarchical/hierarchical_communicator.h"
 #include "comm/threads/shared_memory_communicator.h"
 #include "core/axis_reduce.h"
 #include "core/reduce_kernels.h"
@@ -27,6 +28,7 @@ void RunResources::reset() {
   for (auto& ch : channels) {
     ch.sequence = 0;
     ch.data_calls = 0;
+    ch.agreed_failure = false;
   }
 }
 
@@ -41,6 +43,11 @@ struct StrategyState {
   std::mutex resources_mutex;
   std::vector<std::unique_ptr<RunResources>> by_depth;
   double stall_warning_seconds = 0;
+  // Multi-worker strategies: one member per worker process, and the state of
+  // the cross-replica collectives this worker issues through it.
+  Communicator* workers = nullptr;
+  std::recursive_mutex worker_mutex;
+  std::uint64_t worker_sequence = 0;
 
   RunResources& resources(int depth, int replicas, double stall) {
     std::lock_guard<std::mutex> lock(resources_mutex);
@@ -49,7 +56,11 @@ struct StrategyState {
       res->local = std::make_shared<LocalGroup>(replicas);
       res->channels.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r) {
-        res->comms.push_back(std::make_unique<SharedMemoryCommunicator>(res->local, r));
+        if (workers != nullptr) {
+          res->comms.push_back(std::make_unique<HierarchicalCommunicator>(res->local, r, workers));
+        } else {
+          res->comms.push_back(std::make_unique<SharedMemoryCommunicator>(res->local, r));
+        }
         ReplicaChannel& ch = res->channels[static_cast<std::size_t>(r)];
         ch.comm = res->comms.back().get();
         ch.local = res->local.get();
@@ -108,6 +119,47 @@ std::string merge_type_key(std::initializer_list<const std::type_info*> types) {
   return key;
 }
 
+// A cross-replica collective among the workers (one member per worker).
+CollectiveCall worker_call(StrategyState& st, const CommunicationOptions& options, std::string_view op) {
+  CollectiveCall call;
+  call.op = op;
+  call.sequence = ++st.worker_sequence;
+  call.timeout_seconds = options.timeout && options.timeout->count() > 0 ? options.timeout->count() : 0;
+  call.stall_warning_seconds = st.stall_warning_seconds;
+  return call;
+}
+
+// Every worker has checked its own arguments into `sig`; the workers exchange
+// their signatures and raise the same error everywhere if any found a problem
+// or they disagree. Returns every worker's signature, in worker order. With
+// one worker, raises the local verdict.
+std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptions& options, Signature& sig,
+                                     ShapeRule rule, int axis) {
+  if (st.workers == nullptr || st.workers->size() == 1) {
+    if (sig.error_code) throw_error(*sig.error_code, sig.error);
+    return {sig};
+  }
+  CollectiveCall call = worker_call(st, options, "agree");
+  sig.sequence = call.sequence;
+  call.op = sig.op;
+  call.signature_tag = sig.tag(/*with_leaves=*/false);
+  const std::string mine = encode_payload_list({sig.encode()});
+  std::vector<std::string> payloads;
+  try {
+    payloads = st.workers->exchange(mine, call);
+  } catch (const SignatureMismatch&) {
+    // Another worker is in a different collective: exchange anyway, to say which.
+    call.signature_tag = 0;
+    payloads = st.workers->exchange(mine, call);
+  }
+  std::vector<Signature> sigs;
+  for (const std::string& p : payloads) {
+    for (const std::string& one : decode_payload_list(p)) sigs.push_back(Signature::decode(one));
+  }
+  check_signatures(sigs, 0, rule, axis, nullptr, "worker");
+  return sigs;
+}
+
 }  // namespace internal
 
 // ---- Strategy -------------------------------------------------------------------
@@ -127,9 +179,17 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
 
 Strategy::~Strategy() = default;
 
+void Strategy::set_workers(Communicator* workers) { state_->workers = workers; }
+
+Communicator* Strategy::workers() const { return state_->workers; }
+
 std::string Strategy::describe() const {
   std::string s = std::string(name()) + "(" + std::to_string(num_replicas_in_sync_) +
                   (num_replicas_in_sync_ == 1 ? " replica" : " replicas");
+  if (state_->workers != nullptr) {
+    s += " on " + std::to_string(state_->workers->size()) + " workers; worker " +
+         std::to_string(state_->workers->rank()) + " has";
+  }
   for (std::size_t i = 0; i < devices_.size(); ++i) {
     const std::string& d = devices_[i];
     const auto pos = d.find("device:");
@@ -164,7 +224,9 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
         body(contexts[idx]);
       } catch (...) {
         errors[idx] = std::current_exception();
-        res.abort(ErrorCode::kAborted,
+        // An error every replica raised alike leaves nobody waiting: the
+        // workers' link stays usable. Anything else aborts the others.
+        if (!res.channels[idx].agreed_failure) res.abort(ErrorCode::kAborted,
                   "Replica " + std::to_string(first_replica_id_ + i) + " failed with " +
                       internal::describe_exception(errors[idx]) +
                       "; the collectives of the other replicas were aborted.",
@@ -188,8 +250,8 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   }
 }
 
-void Strategy::check_components(const std::vector<Tensor>& components, std::string_view api) const {
-  internal::check_components(components.size(), *this, api);
+namespace {
+void check_same_dtype_and_shape(const std::vector<Tensor>& components, std::string_view api, int first_replica_id_) {
   for (std::size_t i = 1; i < components.size(); ++i) {
     const Tensor& a = components[0];
     const Tensor& b = components[i];
@@ -202,38 +264,76 @@ void Strategy::check_components(const std::vector<Tensor>& components, std::stri
     }
   }
 }
+}  // namespace
 
-Tensor Strategy::reduce_components(ReduceOp op, const std::vector<Tensor>& components, const CommunicationOptions&,
-                                   std::int64_t mean_divisor) {
+void Strategy::check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op) {
+  internal::Signature sig;
+  sig.op = std::string(api);
+  sig.fields = {{"reduce op", std::string(to_string(op))}};
+  try {
+    internal::check_components(components.size(), *this, api);
+    check_same_dtype_and_shape(components, api, first_replica_id_);
+    sig.leaves.push_back({components[0].dtype(), components[0].shape().dims()});
+  } catch (const Error& e) {
+    sig.set_error(e);
+  }
+  std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+  internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kEqual, 0);
+}
+
+Tensor Strategy::reduce_components(ReduceOp op, const std::vector<Tensor>& components,
+                                   const CommunicationOptions& options, std::int64_t mean_divisor) {
   const Tensor& first = components.front();
+  const auto count = static_cast<std::size_t>(first.num_elements());
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : num_replicas_in_sync_;
+  Communicator* workers = state_->workers;
+  const bool across = workers != nullptr && workers->size() > 1;
   Tensor out = Tensor::uninitialized(first.dtype(), first.shape(), kHostDevice);
   std::vector<const void*> srcs;
   for (const Tensor& t : components) srcs.push_back(t.raw_data());
-  internal::reduce_sources(out.mutable_raw_data(), srcs, static_cast<std::size_t>(first.num_elements()),
-                           first.dtype(), op, mean_divisor > 0 ? mean_divisor : num_replicas_in_sync_);
+  // Several workers: the local replicas first (MEAN as a SUM), then the workers, dividing once.
+  internal::reduce_sources(out.mutable_raw_data(), srcs, count, first.dtype(),
+                           across && op == ReduceOp::kMean ? ReduceOp::kSum : op, divisor);
+  if (across) {
+    std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+    const CollectiveCall call = internal::worker_call(*state_, options, "reduce");
+    workers->all_reduce(out.raw_data(), out.mutable_raw_data(), count, first.dtype(), op, call, divisor);
+  }
   return out;
 }
 
 Tensor Strategy::reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes) {
-  internal::check_components(components.size(), *this, "reduce");
   const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
   std::vector<Tensor> partials;
   std::vector<Tensor> counts;
-  for (std::size_t i = 0; i < components.size(); ++i) {
-    const Tensor& c = components[i];
-    if (c.dtype() != components[0].dtype()) {
-      throw InvalidArgumentError("reduce: replica " + std::to_string(first_replica_id_ + static_cast<int>(i)) +
-                                 " has dtype " + std::string(to_string(c.dtype())) + ", replica " +
-                                 std::to_string(first_replica_id_) + " has " +
-                                 std::string(to_string(components[0].dtype())));
+  internal::Signature sig;
+  sig.op = "reduce";
+  std::string axes_text;
+  for (int a : axes) axes_text += (axes_text.empty() ? "" : ", ") + std::to_string(a);
+  sig.fields = {{"reduce op", std::string(to_string(op))}, {"axes", "[" + axes_text + "]"}};
+  try {
+    internal::check_components(components.size(), *this, "reduce");
+    for (std::size_t i = 0; i < components.size(); ++i) {
+      const Tensor& c = components[i];
+      if (c.dtype() != components[0].dtype()) {
+        throw InvalidArgumentError("reduce: replica " + std::to_string(first_replica_id_ + static_cast<int>(i)) +
+                                   " has dtype " + std::string(to_string(c.dtype())) + ", replica " +
+                                   std::to_string(first_replica_id_) + " has " +
+                                   std::string(to_string(components[0].dtype())));
+      }
+      const std::vector<int> norm = internal::normalize_axes(axes, c.rank());
+      std::int64_t count = 1;
+      for (int a : norm) count *= c.shape()[a];
+      partials.push_back(internal::reduce_axes(c, norm, partial));  // identity of c's dtype on empty axes
+      counts.push_back(scalar(DType::kInt64, static_cast<double>(count)));
     }
-    const std::vector<int> norm = internal::normalize_axes(axes, c.rank());
-    std::int64_t count = 1;
-    for (int a : norm) count *= c.shape()[a];
-    partials.push_back(internal::reduce_axes(c, norm, partial));  // identity of c's dtype on empty axes
-    counts.push_back(scalar(DType::kInt64, static_cast<double>(count)));
+    check_same_dtype_and_shape(partials, "reduce (after reducing along the axis)", first_replica_id_);
+    sig.leaves.push_back({partials[0].dtype(), partials[0].shape().dims()});
+  } catch (const Error& e) {
+    sig.set_error(e);
   }
-  check_components(partials, "reduce (after reducing along the axis)");
+  std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+  internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kEqual, 0);
   Tensor total = reduce_components(partial, partials, options_, 0);
   if (op == ReduceOp::kMean) {
     const std::int64_t n = reduce_components(ReduceOp::kSum, counts, options_, 0).scalar<std::int64_t>();
@@ -255,7 +355,8 @@ Tensor Strategy::reduce_along_axes(ReduceOp op, const std::vector<Tensor>& compo
 Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) {
   require_cross_replica_or_default("reduce");
   if (axis) return reduce_along_axes(op, value.values(), {*axis});
-  check_components(value.values(), "reduce");
+  std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+  check_and_agree(value.values(), "reduce", op);
   return reduce_components(op, value.values(), options_, 0);
 }
 
@@ -304,16 +405,47 @@ Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axi
 Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
   require_cross_replica_or_default("gather");
   const auto& comps = value.values();
-  internal::check_components(comps.size(), *this, "gather");
-  std::vector<internal::Signature> sigs(comps.size());
-  for (std::size_t i = 0; i < comps.size(); ++i) {
-    sigs[i].op = "gather";
-    sigs[i].sequence = 0;
-    sigs[i].leaves.push_back({comps[i].dtype(), comps[i].shape().dims()});
-    internal::validate_gather_leaf(comps[i], axis, sigs[i]);
+  // This worker's replicas, concatenated; then (several workers) the workers' blocks.
+  Tensor block;
+  internal::Signature sig;
+  sig.op = "gather";
+  sig.fields = {{"axis", std::to_string(axis)}};
+  try {
+    internal::check_components(comps.size(), *this, "gather");
+    std::vector<internal::Signature> sigs(comps.size());
+    for (std::size_t i = 0; i < comps.size(); ++i) {
+      sigs[i].op = "gather";
+      sigs[i].sequence = 0;
+      sigs[i].leaves.push_back({comps[i].dtype(), comps[i].shape().dims()});
+      internal::validate_gather_leaf(comps[i], axis, sigs[i]);
+    }
+    internal::check_signatures(sigs, first_replica_id_, internal::ShapeRule::kAllButAxis, axis, nullptr);
+    block = concat(comps, axis).with_device(kHostDevice);
+    sig.leaves.push_back({block.dtype(), block.shape().dims()});
+  } catch (const Error& e) {
+    sig.set_error(e);
   }
-  internal::check_signatures(sigs, first_replica_id_, internal::ShapeRule::kAllButAxis, axis, nullptr);
-  return concat(comps, axis).with_device(kHostDevice);
+  std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+  const std::vector<internal::Signature> blocks =
+      internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kAllButAxis, axis);
+  if (blocks.size() == 1) return block;
+  const int a = axis < 0 ? axis + block.rank() : axis;
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < a; ++d) outer *= block.shape()[d];
+  for (int d = a + 1; d < block.rank(); ++d) inner *= block.shape()[d];
+  std::vector<std::int64_t> dims = block.shape().dims();
+  dims[static_cast<std::size_t>(a)] = 0;
+  std::vector<std::size_t> counts;
+  for (const internal::Signature& b : blocks) {
+    const std::int64_t along = b.leaves[0].dims[static_cast<std::size_t>(a)];
+    counts.push_back(static_cast<std::size_t>(along * inner));
+    dims[static_cast<std::size_t>(a)] += along;
+  }
+  Tensor out = Tensor::uninitialized(block.dtype(), Shape(dims), kHostDevice);
+  const CollectiveCall call = internal::worker_call(*state_, options_, "gather");
+  state_->workers->all_gather_v(block.raw_data(), out.mutable_raw_data(), counts, static_cast<std::size_t>(outer),
+                                block.dtype(), call);
+  return out;
 }
 
 Tensor Strategy::gather(const Tensor& value, int) {
@@ -355,7 +487,8 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const PerReplica<Tenso
   strategy_->require_cross_replica_or_default("reduce_to");
   const CommunicationOptions merged = strategy_->options_.merge(options);
   merged.validate();
-  strategy_->check_components(value.values(), "reduce_to");
+  std::lock_guard<std::recursive_mutex> lock(strategy_->state_->worker_mutex);
+  strategy_->check_and_agree(value.values(), "reduce_to", op);
   return place_on(strategy_->reduce_components(op, value.values(), merged, 0), destinations);
 }
 

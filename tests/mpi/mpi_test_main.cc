@@ -1,8 +1,28 @@
 // GoogleTest main for tests run under mpirun: every rank runs every test
-// (each test is collective), only rank 0 prints, and the process exit code
-// is the worst of all ranks', so a failure on any rank fails the run.
+// (each test is collective), rank 0 prints the usual report, the other ranks
+// print only their failures, and the process exit code is the worst of all
+// ranks', so a failure on any rank fails the run.
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <cstdio>
+
+namespace {
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: %s\n", rank_, test ? test->test_suite_name() : "?",
+                 test ? test->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.message());
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -13,6 +33,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
   }
   int result = RUN_ALL_TESTS();
   int worst = 0;

@@ -23,7 +23,10 @@ TEST(DeviceNameTest, AcceptsTensorFlowSpellings) {
 TEST(DeviceNameTest, RejectsGpuRemoteAndMalformedNames) {
   auto gpu = testing::expect_throw<InvalidArgumentError>([] { canonical_device_name("GPU:0"); });
   EXPECT_NE(gpu.find("no GPU support"), std::string::npos) << gpu;
-  EXPECT_THROW(canonical_device_name("/job:worker/replica:0/task:1/device:CPU:0"), InvalidArgumentError);
+  EXPECT_EQ(canonical_device_name("/job:worker/replica:0/task:1/device:CPU:0"),
+            "/job:worker/replica:0/task:1/device:CPU:0");  // a device of worker 1 (MultiWorkerMirroredStrategy)
+  EXPECT_THROW(canonical_device_name("/job:chief/replica:0/task:0/device:CPU:0"), InvalidArgumentError);
+  EXPECT_THROW(MirroredStrategy({"/job:worker/replica:0/task:1/device:CPU:0"}), InvalidArgumentError);
   EXPECT_THROW(canonical_device_name("/job:localhost/replica:0/task:1/device:CPU:0"), InvalidArgumentError);
   for (const char* bad : {"", "CPU", "CPU:x", "TPU:0", "CPU:-1", "/device:CPU", "banana"}) {
     EXPECT_THROW(canonical_device_name(bad), InvalidArgumentError) << bad;

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -16,6 +17,10 @@ using Clock = std::chrono::steady_clock;
 
 // All-reduces of at most this many bytes gather every input and reduce locally.
 constexpr std::size_t kGatherAllBytes = 4096;
+// The tag of failure notices (on the notices communicator, nothing else is sent).
+constexpr int kNoticeTag = 1;
+// Polls of a pending request between two looks for failure notices.
+constexpr unsigned kPollsPerNoticeProbe = 32;
 
 void finalize_at_exit() {
   int finalized = 0;
@@ -63,6 +68,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", setup);
   check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", setup);
   check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", setup);
+  check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -70,7 +76,58 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Finalized(&finalized);
   // A failed communicator may have a collective in flight; freeing it then
   // could wait for peers that never come, so it is left to MPI_Finalize.
-  if (!finalized && comm_ != MPI_COMM_NULL && !failed_.load()) MPI_Comm_free(&comm_);
+  if (!finalized && comm_ != MPI_COMM_NULL && !failed_.load()) {
+    MPI_Comm_free(&notices_);
+    MPI_Comm_free(&comm_);
+  }
+}
+
+MpiCommunicator::Token::Token(MpiCommunicator& c) : c_(c) {
+  c_.token_.lock();
+  c_.token_holder_.store(std::this_thread::get_id());
+}
+
+MpiCommunicator::Token::~Token() {
+  c_.token_holder_.store(std::thread::id());
+  c_.token_.unlock();
+  c_.flush_notice();  // an abort() from another thread may have left its notice for us
+}
+
+void MpiCommunicator::flush_notice() noexcept {
+  // Flag first, then try the token: whoever lets go of the token looks at the
+  // flag again, so a notice is never left behind.
+  while (notice_pending_.load(std::memory_order_acquire)) {
+    if (token_holder_.load() == std::this_thread::get_id()) return;  // sent when this thread lets go
+    if (!token_.try_lock()) return;                                    // the holder sends it
+    if (notice_pending_.exchange(false)) {
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        MPI_Request request;
+        // Small: MPI delivers it eagerly; nobody waits for its completion.
+        if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, q, kNoticeTag, notices_,
+                      &request) == MPI_SUCCESS) {
+          MPI_Request_free(&request);
+        }
+      }
+    }
+    token_.unlock();
+  }
+}
+
+void MpiCommunicator::receive_notice() {
+  int arrived = 0;
+  MPI_Status status;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices_, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+  int bytes = 0;
+  MPI_Get_count(&status, MPI_CHAR, &bytes);
+  std::string text(static_cast<std::size_t>(std::max(bytes, 0)), '\0');
+  MPI_Recv(text.data(), bytes, MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load()) return;
+  failure_code_ = text.empty() ? ErrorCode::kAborted : static_cast<ErrorCode>(static_cast<unsigned char>(text[0]));
+  failure_message_ = "Worker " + std::to_string(status.MPI_SOURCE) + " failed: " +
+                     (text.empty() ? std::string("(no message)") : text.substr(1));
+  failed_.store(true, std::memory_order_release);
 }
 
 void MpiCommunicator::throw_if_failed() {
@@ -81,11 +138,16 @@ void MpiCommunicator::throw_if_failed() {
 
 void MpiCommunicator::abort(ErrorCode code, const std::string& message, int) noexcept {
   try {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_.load()) return;
-    failure_code_ = code;
-    failure_message_ = message;
-    failed_.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.load()) return;
+      failure_code_ = code;
+      failure_message_ = message;
+      notice_ = static_cast<char>(code) + message;
+      failed_.store(true, std::memory_order_release);
+    }
+    notice_pending_.store(true, std::memory_order_release);
+    flush_notice();
   } catch (...) {
   }
 }
@@ -112,6 +174,7 @@ void MpiCommunicator::wait(MPI_Request& request, const CollectiveCall& call) {
     int done = 0;
     check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", call);
     if (done) return;
+    if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) receive_notice();
     if (failed_.load(std::memory_order_acquire)) throw_if_failed();
     if (bounded && (polls & 63) == 0 && Clock::now() >= deadline) {
       const std::string message =
@@ -157,6 +220,7 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
 }
 
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
+  Token token(*this);
   throw_if_failed();
   check_tags(call);
   std::vector<int> sizes(static_cast<std::size_t>(size_));
@@ -179,6 +243,7 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
 
 void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                  const CollectiveCall& call, std::int64_t mean_divisor) {
+  Token token(*this);
   throw_if_failed();
   check_tags(call);
   const std::size_t esz = size_of(dtype);
@@ -234,6 +299,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
 
 void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
                                    std::size_t outer, DType dtype, const CollectiveCall& call) {
+  Token token(*this);
   throw_if_failed();
   check_tags(call);
   const std::size_t esz = size_of(dtype);
@@ -265,6 +331,7 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
 }
 
 void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) {
+  Token token(*this);
   throw_if_failed();
   check_tags(call);
   if (size_ == 1 || count == 0) return;
@@ -275,6 +342,7 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 }
 
 void MpiCommunicator::barrier(const CollectiveCall& call) {
+  Token token(*this);
   throw_if_failed();
   if (call.signature_tag != 0) {
     check_tags(call);  // itself a synchronisation of every rank

@@ -16,6 +16,14 @@
 // the abort's error. MPI cannot cancel a started collective, so after either
 // the communicator is broken for good (UnavailableError). MPI errors become
 // UnavailableError with MPI's own message.
+//
+// Failures reach the other ranks: a failure found here (abort(), a timeout,
+// an MPI error) is sent to every other rank as a short message on a second,
+// private communicator, and every rank's polling loop watches for such
+// messages; a rank that receives one fails with the sender's error code and
+// message ("Worker 1 failed: ..."). MPI is called by one thread at a time (the
+// "token"); abort() from another thread leaves its message for the token's
+// holder to send when it lets go.
 #pragma once
 
 #include <mpi.h>
@@ -23,6 +31,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "distribute/communicator.h"
 
@@ -66,7 +75,29 @@ class MpiCommunicator final : public Communicator {
   void gather_bytes(const void* send, std::size_t send_bytes, void* recv, const std::vector<int>& counts,
                     const CollectiveCall& call);
 
+  // The right to call MPI, held for a whole operation.
+  class Token {
+   public:
+    explicit Token(MpiCommunicator& c);
+    ~Token();
+    Token(const Token&) = delete;
+    Token& operator=(const Token&) = delete;
+
+   private:
+    MpiCommunicator& c_;
+  };
+  // Sends this rank's failure notice to every other rank, once, if one is
+  // pending and the token can be had (its holder sends it otherwise).
+  void flush_notice() noexcept;
+  // If another rank's failure notice has arrived, records it (token held).
+  void receive_notice();
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm notices_ = MPI_COMM_NULL;  // failure notices only
+  std::mutex token_;
+  std::atomic<std::thread::id> token_holder_{};
+  std::atomic<bool> notice_pending_{false};
+  std::string notice_;  // error code byte + message; written once, before notice_pending_
   int rank_ = 0;
   int size_ = 1;
   std::mutex mu_;

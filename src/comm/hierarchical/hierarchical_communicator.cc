@@ -1,0 +1,196 @@
+#include "comm/hierarchical/hierarchical_communicator.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "core/storage.h"
+
+namespace distribute::internal {
+
+std::string encode_payload_list(const std::vector<std::string>& payloads) {
+  std::string out;
+  for (const std::string& p : payloads) {
+    const std::uint64_t size = p.size();
+    out.append(reinterpret_cast<const char*>(&size), sizeof size);
+    out += p;
+  }
+  return out;
+}
+
+std::vector<std::string> decode_payload_list(std::string_view bytes) {
+  std::vector<std::string> out;
+  while (!bytes.empty()) {
+    std::uint64_t size = 0;
+    if (bytes.size() < sizeof size) throw InternalError("a worker's payload list is truncated");
+    std::memcpy(&size, bytes.data(), sizeof size);
+    bytes.remove_prefix(sizeof size);
+    if (bytes.size() < size) throw InternalError("a worker's payload list is truncated");
+    out.emplace_back(bytes.substr(0, size));
+    bytes.remove_prefix(size);
+  }
+  return out;
+}
+
+HierarchicalCommunicator::HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id,
+                                                   Communicator* workers)
+    : local_(std::move(local)), local_id_(local_id), local_size_(local_->size()), workers_(workers),
+      local_comm_(local_, local_id) {}
+
+void HierarchicalCommunicator::pass_on_local_mismatch(const CollectiveCall& call) {
+  if (leader()) {
+    CollectiveCall tell = call;
+    tell.signature_tag = call.signature_tag | 1;  // bit 0: can never agree
+    run_cross([&] { workers_->barrier(tell); });
+  }
+  throw SignatureMismatch();
+}
+
+template <class Cross>
+bool HierarchicalCommunicator::run_cross(Cross&& cross) {
+  try {
+    cross();
+    return false;
+  } catch (const SignatureMismatch&) {
+    return true;
+  } catch (const Error& e) {
+    local_->abort(e.code(), e.message(), local_id_);
+    throw;
+  } catch (const std::exception& e) {
+    local_->abort(ErrorCode::kInternal, e.what(), local_id_);
+    throw;
+  }
+}
+
+CollectiveCall HierarchicalCommunicator::fan_out_call(const CollectiveCall& call, bool mismatch) {
+  CollectiveCall fan = call;
+  fan.signature_tag = mismatch ? 1 : 0;
+  fan.timeout_seconds = 0;
+  fan.stall_warning_seconds = 0;
+  return fan;
+}
+
+std::vector<std::string> HierarchicalCommunicator::exchange(std::string payload, const CollectiveCall& call) {
+  std::vector<std::string> locals;
+  if (local_size_ == 1) {
+    locals.push_back(std::move(payload));
+  } else {
+    try {
+      locals = local_comm_.exchange(std::move(payload), call);
+    } catch (const SignatureMismatch&) {
+      pass_on_local_mismatch(call);
+    }
+  }
+  std::shared_ptr<std::vector<std::string>> all;
+  bool mismatch = false;
+  if (leader()) {
+    mismatch = run_cross([&] {
+      // Every worker sends a list (one entry per local replica), so workers
+      // with different numbers of entries still understand each other.
+      std::vector<std::string> per_worker = workers_->exchange(encode_payload_list(locals), call);
+      all = std::make_shared<std::vector<std::string>>();
+      for (const std::string& w : per_worker) {
+        for (std::string& p : decode_payload_list(w)) all->push_back(std::move(p));
+      }
+    });
+  }
+  if (local_size_ == 1) {
+    if (mismatch) throw SignatureMismatch();
+    return std::move(*all);
+  }
+  const auto& entries = local_->arrive(local_id_, {.object = all, .tag = mismatch ? 1u : 0u},
+                                       fan_out_call(call, false));
+  return *std::static_pointer_cast<std::vector<std::string>>(entries[0].object);
+}
+
+void HierarchicalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                          const CollectiveCall& call, std::int64_t mean_divisor) {
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size();
+  if (local_size_ == 1) {
+    workers_->all_reduce(send, recv, count, dtype, op, call, divisor);
+    return;
+  }
+  // MEAN: the local step sums, the cross step sums the workers' sums and divides once.
+  try {
+    local_comm_.all_reduce(send, recv, count, dtype, op == ReduceOp::kMean ? ReduceOp::kSum : op, call);
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  bool mismatch = false;
+  if (leader()) mismatch = run_cross([&] { workers_->all_reduce(recv, recv, count, dtype, op, call, divisor); });
+  local_comm_.broadcast(recv, count, dtype, 0, fan_out_call(call, mismatch));
+}
+
+void HierarchicalCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
+                                            std::size_t outer, DType dtype, const CollectiveCall& call) {
+  if (local_size_ == 1) {
+    workers_->all_gather_v(send, recv, counts, outer, dtype, call);
+    return;
+  }
+  const auto L = static_cast<std::size_t>(local_size_);
+  const std::size_t workers = counts.size() / L;
+  const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
+  // This worker's block: `outer` rows, each its replicas' rows in order.
+  const std::size_t block_elements = outer * std::accumulate(local_counts.begin(), local_counts.end(), std::size_t{0});
+  std::shared_ptr<std::byte> block = allocate_storage(block_elements * size_of(dtype));
+  try {
+    local_comm_.all_gather_v(send, block.get(), local_counts, outer, dtype, call);
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  bool mismatch = false;
+  if (leader()) {
+    mismatch = run_cross([&] {
+      std::vector<std::size_t> per_worker(workers);
+      for (std::size_t w = 0; w < workers; ++w) {
+        per_worker[w] = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(w * L),
+                                        counts.begin() + static_cast<std::ptrdiff_t>((w + 1) * L), std::size_t{0});
+      }
+      workers_->all_gather_v(block.get(), recv, per_worker, outer, dtype, call);
+    });
+  }
+  const std::size_t total = outer * std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  local_comm_.broadcast(recv, total, dtype, 0, fan_out_call(call, mismatch));
+}
+
+void HierarchicalCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
+                                         const CollectiveCall& call) {
+  if (local_size_ == 1) {
+    workers_->broadcast(buffer, count, dtype, root, call);
+    return;
+  }
+  const int root_worker = root / local_size_;
+  try {
+    if (workers_->rank() == root_worker) {
+      local_comm_.broadcast(buffer, count, dtype, root % local_size_, call);  // the leader now holds it
+    } else {
+      local_comm_.barrier(call);  // only the agreement check
+    }
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  bool mismatch = false;
+  if (leader()) mismatch = run_cross([&] { workers_->broadcast(buffer, count, dtype, root_worker, call); });
+  local_comm_.broadcast(buffer, count, dtype, 0, fan_out_call(call, mismatch));
+}
+
+void HierarchicalCommunicator::barrier(const CollectiveCall& call) {
+  if (local_size_ == 1) {
+    workers_->barrier(call);
+    return;
+  }
+  try {
+    local_comm_.barrier(call);
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  bool mismatch = false;
+  if (leader()) mismatch = run_cross([&] { workers_->barrier(call); });
+  local_comm_.barrier(fan_out_call(call, mismatch));
+}
+
+void HierarchicalCommunicator::abort(ErrorCode code, const std::string& message, int) noexcept {
+  local_->abort(code, message, local_id_);
+  workers_->abort(code, message, workers_->rank());
+}
+
+}  // namespace distribute::internal

@@ -1,0 +1,184 @@
+// HierarchicalCommunicator: W workers x L local replicas, all threads of this
+// process (the workers' link is an in-process communicator). Checks every
+// operation against its definition in global rank order, and that a
+// signature mismatch anywhere reaches every member.
+#include "comm/hierarchical/hierarchical_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "testing/threads.h"
+
+namespace distribute::internal {
+namespace {
+
+using testing::message_of;
+using testing::run_threads;
+
+struct Cluster {
+  int workers;
+  int local;
+  std::shared_ptr<LocalGroup> link_group;
+  std::vector<std::unique_ptr<SharedMemoryCommunicator>> links;
+  std::vector<std::shared_ptr<LocalGroup>> locals;
+  std::vector<std::unique_ptr<HierarchicalCommunicator>> members;  // by global rank
+
+  Cluster(int w, int l) : workers(w), local(l), link_group(std::make_shared<LocalGroup>(w)) {
+    for (int k = 0; k < w; ++k) {
+      links.push_back(std::make_unique<SharedMemoryCommunicator>(link_group, k));
+      locals.push_back(std::make_shared<LocalGroup>(l));
+      for (int i = 0; i < l; ++i) {
+        members.push_back(std::make_unique<HierarchicalCommunicator>(locals.back(), i, links.back().get()));
+      }
+    }
+  }
+  int size() const { return workers * local; }
+  // Runs f(rank, communicator) on every member; fails the test on any exception.
+  void run(const std::function<void(int, Communicator&)>& f) {
+    const auto errors = run_threads(size(), [&](int r) { f(r, *members[static_cast<std::size_t>(r)]); });
+    for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_FALSE(errors[r]) << "rank " << r << ": " << message_of(errors[r]);
+  }
+};
+
+class HierarchicalTest : public ::testing::TestWithParam<std::pair<int, int>> {
+ protected:
+  Cluster cluster{GetParam().first, GetParam().second};
+  CollectiveCall call{.op = "test", .sequence = 1, .timeout_seconds = 20};
+};
+
+TEST_P(HierarchicalTest, RanksFollowGlobalReplicaIds) {
+  for (int r = 0; r < cluster.size(); ++r) {
+    EXPECT_EQ(cluster.members[static_cast<std::size_t>(r)]->rank(), r);
+    EXPECT_EQ(cluster.members[static_cast<std::size_t>(r)]->size(), cluster.size());
+  }
+}
+
+TEST_P(HierarchicalTest, ExchangeGivesEveryPayloadInRankOrder) {
+  cluster.run([&](int r, Communicator& c) {
+    const auto all = c.exchange("payload of " + std::to_string(r), call);
+    ASSERT_EQ(all.size(), static_cast<std::size_t>(cluster.size()));
+    for (int q = 0; q < cluster.size(); ++q) EXPECT_EQ(all[static_cast<std::size_t>(q)], "payload of " + std::to_string(q));
+  });
+}
+
+TEST_P(HierarchicalTest, AllReduceSumsEveryRank) {
+  for (std::size_t count : {std::size_t{3}, std::size_t{100000}}) {
+    cluster.run([&](int r, Communicator& c) {
+      std::vector<double> send(count), recv(count, -1);
+      for (std::size_t k = 0; k < count; ++k) send[k] = static_cast<double>(r * 1000 + static_cast<int>(k % 7));
+      c.all_reduce(send.data(), recv.data(), count, DType::kFloat64, ReduceOp::kMean, call);
+      const int n = cluster.size();
+      for (std::size_t k = 0; k < count; k += 997) {
+        EXPECT_EQ(recv[k], 1000.0 * (n - 1) / 2 + static_cast<double>(k % 7)) << k;
+      }
+    });
+  }
+}
+
+TEST_P(HierarchicalTest, AllGatherVLaysOutRowsInRankOrder) {
+  const std::size_t outer = 2;
+  std::vector<std::size_t> counts;
+  for (int r = 0; r < cluster.size(); ++r) counts.push_back(static_cast<std::size_t>(r % 3));
+  const std::size_t row = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  cluster.run([&](int r, Communicator& c) {
+    const std::size_t mine = counts[static_cast<std::size_t>(r)];
+    std::vector<std::int32_t> send(outer * mine), recv(outer * row, -1);
+    for (std::size_t o = 0; o < outer; ++o) {
+      for (std::size_t k = 0; k < mine; ++k) send[o * mine + k] = static_cast<std::int32_t>(100 * o + 10 * r + k);
+    }
+    c.all_gather_v(send.data(), recv.data(), counts, outer, DType::kInt32, call);
+    std::size_t at = 0;
+    for (std::size_t o = 0; o < outer; ++o) {
+      for (int q = 0; q < cluster.size(); ++q) {
+        for (std::size_t k = 0; k < counts[static_cast<std::size_t>(q)]; ++k) {
+          EXPECT_EQ(recv[at++], static_cast<std::int32_t>(100 * o + 10 * q + k));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(HierarchicalTest, BroadcastFromEveryRoot) {
+  for (int root = 0; root < cluster.size(); ++root) {
+    for (std::size_t count : {std::size_t{5}, std::size_t{20000}}) {
+      cluster.run([&](int r, Communicator& c) {
+        std::vector<float> buffer(count, -1.f);
+        if (r == root) std::iota(buffer.begin(), buffer.end(), static_cast<float>(root));
+        c.broadcast(buffer.data(), count, DType::kFloat32, root, call);
+        EXPECT_EQ(buffer[0], static_cast<float>(root));
+        EXPECT_EQ(buffer[count - 1], static_cast<float>(root) + static_cast<float>(count - 1));
+      });
+    }
+  }
+}
+
+TEST_P(HierarchicalTest, BarrierThenMoreRounds) {
+  cluster.run([&](int, Communicator& c) {
+    for (int k = 0; k < 5; ++k) c.barrier(call);
+  });
+}
+
+// A member whose tag differs: every member of every worker gets SignatureMismatch.
+void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
+  std::vector<int> mismatches(static_cast<std::size_t>(cluster.size()), 0);
+  cluster.run([&](int r, Communicator& c) {
+    CollectiveCall call{.op = "test", .sequence = 1, .timeout_seconds = 20};
+    call.signature_tag = r == odd_rank ? 0x1234 : 0x5678;
+    float v = 1;
+    try {
+      c.all_reduce(&v, &v, 1, DType::kFloat32, ReduceOp::kSum, call);
+    } catch (const SignatureMismatch&) {
+      mismatches[static_cast<std::size_t>(r)] = 1;
+    }
+    // The group goes on: an untagged collective after the mismatch works.
+    call.signature_tag = 0;
+    float one = 1, sum = 0;
+    c.all_reduce(&one, &sum, 1, DType::kFloat32, ReduceOp::kSum, call);
+    EXPECT_EQ(sum, static_cast<float>(cluster.size()));
+  });
+  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 1) << "rank " << r;
+}
+
+TEST_P(HierarchicalTest, MismatchOnTheLastRankReachesEveryone) {
+  if (cluster.size() < 2) GTEST_SKIP();
+  expect_mismatch_everywhere(cluster, cluster.size() - 1);
+}
+
+TEST_P(HierarchicalTest, MismatchOnALeaderReachesEveryone) {
+  if (cluster.workers < 2) GTEST_SKIP();
+  expect_mismatch_everywhere(cluster, cluster.local);  // worker 1's leader
+}
+
+TEST_P(HierarchicalTest, AbortReachesEveryWorker) {
+  cluster.run([&](int r, Communicator& c) {
+    if (r == cluster.size() - 1) {
+      c.abort(ErrorCode::kAborted, "member " + std::to_string(r) + " gave up", r);
+      return;
+    }
+    float v = 1;
+    try {
+      c.all_reduce(&v, &v, 1, DType::kFloat32, ReduceOp::kSum, call);
+      ADD_FAILURE() << "rank " << r << " finished an all_reduce the last rank never joined";
+    } catch (const AbortedError& e) {
+      EXPECT_NE(e.message().find("gave up"), std::string::npos) << e.message();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalTest,
+                         ::testing::Values(std::pair{1, 1}, std::pair{1, 3}, std::pair{2, 1}, std::pair{2, 2},
+                                           std::pair{3, 2}, std::pair{2, 3}),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param.first) + "workers_x" + std::to_string(param_info.param.second) +
+                                  "local";
+                         });
+
+TEST(PayloadListTest, RoundTrips) {
+  const std::vector<std::string> lists[] = {{}, {""}, {"a", "", std::string("b\0c", 3)}};
+  for (const auto& list : lists) EXPECT_EQ(decode_payload_list(encode_payload_list(list)), list);
+  EXPECT_THROW(decode_payload_list(std::string("\x05\0\0\0\0\0\0\0ab", 10)), InternalError);
+}
+
+}  // namespace
+}  // namespace distribute::internal

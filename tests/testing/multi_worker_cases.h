@@ -1,0 +1,390 @@
+// The behaviour of MultiWorkerMirroredStrategy, written once and run by two
+// harnesses: in one process, with threads standing for the workers
+// (tests/runtime/multi_worker_test.cc, also under the sanitizers), and under
+// mpirun, one worker per process (tests/mpi/multi_worker_mpi_test.cc).
+//
+// Every case runs on every worker at once. Replica g (global id) contributes
+// values made from g; the expected results come from a MirroredStrategy with
+// as many replicas as the whole cluster, run in the same worker, so the
+// multi-worker strategy must agree with the single-process one. Values are
+// small integers, so the hierarchical order of additions changes no bit.
+#pragma once
+
+#include <distribute/distribute.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/strategies.h"
+
+namespace distribute::testing {
+
+struct WorkerEnv {
+  int worker = 0;
+  int workers = 1;
+  int local_replicas = 1;
+  // Makes this worker's strategy (a collective: every worker makes one).
+  std::function<std::unique_ptr<MultiWorkerMirroredStrategy>(int local_replicas, CommunicationOptions)> make;
+
+  std::unique_ptr<MultiWorkerMirroredStrategy> strategy(CommunicationOptions options = {}) const {
+    if (!options.timeout) options.timeout = kTestTimeout;
+    return make(local_replicas, options);
+  }
+  int replicas() const { return workers * local_replicas; }
+};
+
+inline bool identical(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+// What a MirroredStrategy of n replicas gives each replica for fn(ctx, g).
+inline std::vector<Tensor> single_process_reference(int n, const std::function<Tensor(ReplicaContext&, int)>& fn) {
+  auto reference = mirrored(n);
+  return reference->run([&](ReplicaContext& ctx) { return fn(ctx, ctx.replica_id_in_sync_group()); }).values();
+}
+
+// Runs fn(ctx, g) on the multi-worker strategy and checks each local
+// replica's result against the single-process reference, bit for bit.
+inline void expect_same_as_single_process(const WorkerEnv& env, MultiWorkerMirroredStrategy& s,
+                                          const std::function<Tensor(ReplicaContext&, int)>& fn,
+                                          const std::string& what) {
+  const std::vector<Tensor> got =
+      s.run([&](ReplicaContext& ctx) { return fn(ctx, ctx.replica_id_in_sync_group()); }).values();
+  const std::vector<Tensor> want = single_process_reference(env.replicas(), fn);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(env.local_replicas));
+  for (int i = 0; i < env.local_replicas; ++i) {
+    const Tensor& w = want[static_cast<std::size_t>(s.first_replica_id() + i)];
+    EXPECT_TRUE(identical(got[static_cast<std::size_t>(i)], w))
+        << what << " on replica " << s.first_replica_id() + i << ": got " << got[static_cast<std::size_t>(i)].repr()
+        << ", want " << w.repr();
+  }
+}
+
+// ---- cases ------------------------------------------------------------------------
+
+inline void IdsDevicesAndSeedExample(const WorkerEnv& env) {
+  auto s = env.strategy();
+  EXPECT_EQ(s->num_replicas_in_sync(), env.replicas());
+  EXPECT_EQ(s->num_local_replicas(), env.local_replicas);
+  EXPECT_EQ(s->worker_rank(), env.worker);
+  EXPECT_EQ(s->num_workers(), env.workers);
+  EXPECT_EQ(s->first_replica_id(), env.worker * env.local_replicas);
+  if (env.workers > 1) {
+    EXPECT_EQ(s->extended().worker_devices()[0], "/job:worker/replica:0/task:" + std::to_string(env.worker) +
+                                                      "/device:CPU:0");
+  }
+  // The seed: every replica adds 1; the sum is the number of replicas.
+  auto r = s->run([](ReplicaContext& ctx) {
+    return Nest<Tensor>::list({ctx.all_reduce(ReduceOp::kSum, constant(1.f)),
+                               scalar(DType::kInt32, ctx.replica_id_in_sync_group()),
+                               scalar(DType::kInt32, ctx.num_replicas_in_sync())});
+  });
+  const std::vector<Nest<Tensor>> local = s->experimental_local_results(r);
+  ASSERT_EQ(local.size(), static_cast<std::size_t>(env.local_replicas));
+  for (int i = 0; i < env.local_replicas; ++i) {
+    const Nest<Tensor>& v = local[static_cast<std::size_t>(i)];
+    EXPECT_EQ(v[0].leaf().scalar<float>(), static_cast<float>(env.replicas()));
+    EXPECT_EQ(v[1].leaf().scalar<std::int32_t>(), env.worker * env.local_replicas + i);
+    EXPECT_EQ(v[2].leaf().scalar<std::int32_t>(), env.replicas());
+  }
+}
+
+inline void AllReduceEveryOpAndDtype(const WorkerEnv& env) {
+  auto s = env.strategy();
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      expect_same_as_single_process(
+          env, *s,
+          [dtype, op](ReplicaContext& ctx, int g) {
+            const Tensor v = cast(constant({static_cast<float>(g + 1), static_cast<float>(g % 3 - 1), 2.f, -4.f}),
+                                  dtype);
+            return ctx.all_reduce(op, v);
+          },
+          std::string(to_string(op)) + " of " + std::string(to_string(dtype)));
+    }
+  }
+}
+
+inline void AllReduceLargeNestedAndPacked(const WorkerEnv& env) {
+  CommunicationOptions options;
+  options.bytes_per_pack = 1024;  // many packs
+  auto s = env.strategy(options);
+  auto value = [](int g) {
+    return Nest<Tensor>::dict({{"big", iota(DType::kFloat32, Shape{300001}, g, 1)},
+                               {"small", Nest<Tensor>::list({fill(DType::kInt64, Shape{5}, g),
+                                                             fill(DType::kFloat32, Shape{3, 100}, 2 * g)})}});
+  };
+  auto r = s->run([&](ReplicaContext& ctx) {
+    return ctx.all_reduce(ReduceOp::kSum, value(ctx.replica_id_in_sync_group()), options);
+  });
+  const auto want = mirrored(env.replicas(), options)->run([&](ReplicaContext& ctx) {
+    return ctx.all_reduce(ReduceOp::kSum, value(ctx.replica_id_in_sync_group()), options);
+  });
+  for (int i = 0; i < env.local_replicas; ++i) {
+    const auto got_leaves = r.values()[static_cast<std::size_t>(i)].flatten();
+    const auto want_leaves = want.values()[0].flatten();
+    ASSERT_EQ(got_leaves.size(), want_leaves.size());
+    for (std::size_t k = 0; k < got_leaves.size(); ++k) {
+      EXPECT_TRUE(identical(got_leaves[k], want_leaves[k])) << "leaf " << k << " of replica " << i;
+    }
+  }
+}
+
+inline void AllReduceIndexedSlices(const WorkerEnv& env) {
+  auto s = env.strategy();
+  auto r = s->run([](ReplicaContext& ctx) {
+    const int g = ctx.replica_id_in_sync_group();
+    IndexedSlices slices(fill(DType::kFloat32, Shape{1, 2}, g + 1), constant({static_cast<std::int64_t>(g)}),
+                         Shape{64, 2});
+    return ctx.all_reduce(ReduceOp::kSum, slices);
+  });
+  for (const IndexedSlices& got : r.values()) {
+    ASSERT_EQ(got.indices().num_elements(), env.replicas());
+    for (int g = 0; g < env.replicas(); ++g) {
+      EXPECT_EQ(got.indices().flat<std::int64_t>()[static_cast<std::size_t>(g)], g);
+      EXPECT_EQ(got.values().flat<float>()[static_cast<std::size_t>(2 * g)], static_cast<float>(g + 1));
+    }
+  }
+}
+
+inline void AllGatherRaggedNested(const WorkerEnv& env) {
+  auto s = env.strategy();
+  for (int axis : {0, 1}) {
+    auto value = [axis](int g) {
+      const Shape a = axis == 0 ? Shape{g + 1, 2} : Shape{2, g + 1};
+      const Shape b = axis == 0 ? Shape{g % 2 + 1, 3} : Shape{3, g % 2 + 1};
+      return Nest<Tensor>::tuple({fill(DType::kInt32, a, g), fill(DType::kFloat64, b, -g)});
+    };
+    auto r = s->run([&](ReplicaContext& ctx) { return ctx.all_gather(value(ctx.replica_id_in_sync_group()), axis); });
+    const auto want = mirrored(env.replicas())->run([&](ReplicaContext& ctx) {
+      return ctx.all_gather(value(ctx.replica_id_in_sync_group()), axis);
+    });
+    for (int i = 0; i < env.local_replicas; ++i) {
+      const auto got_leaves = r.values()[static_cast<std::size_t>(i)].flatten();
+      const auto want_leaves = want.values()[0].flatten();
+      for (std::size_t k = 0; k < got_leaves.size(); ++k) {
+        EXPECT_TRUE(identical(got_leaves[k], want_leaves[k]))
+            << "axis " << axis << " leaf " << k << ": got " << got_leaves[k].repr() << ", want "
+            << want_leaves[k].repr();
+      }
+    }
+  }
+}
+
+inline void MergeCallOncePerWorkerAndReduceToAcrossWorkers(const WorkerEnv& env) {
+  auto s = env.strategy();
+  std::atomic<int> merge_fn_runs{0};
+  auto r = s->run([&](ReplicaContext& ctx) {
+    const Tensor mine = fill(DType::kFloat32, Shape{2}, ctx.replica_id_in_sync_group() + 1);
+    return ctx.merge_call(
+        [&](Strategy& strategy, const PerReplica<Tensor>& values) {
+          ++merge_fn_runs;
+          EXPECT_EQ(values.size(), static_cast<std::size_t>(strategy.num_local_replicas()));
+          // reduce_to in merge_fn reduces across every worker's replicas.
+          auto summed = strategy.extended().reduce_to(ReduceOp::kSum, values, values);
+          auto batch = strategy.extended().batch_reduce_to(ReduceOp::kMean, {{values, values}, {values, values}});
+          EXPECT_EQ(batch.size(), 2u);
+          return std::make_pair(summed, batch[1]);
+        },
+        mine);
+  });
+  EXPECT_EQ(merge_fn_runs.load(), 1);
+  const float n = static_cast<float>(env.replicas());
+  for (const auto& [sum, mean] : r.values()) {
+    EXPECT_EQ(sum.flat<float>()[0], n * (n + 1) / 2);
+    EXPECT_EQ(mean.flat<float>()[1], (n + 1) / 2);
+  }
+}
+
+inline void StrategyReduceGatherAndBroadcastTo(const WorkerEnv& env) {
+  auto s = env.strategy();
+  auto r = s->run([](ReplicaContext& ctx) {
+    const int g = ctx.replica_id_in_sync_group();
+    return std::make_pair(fill(DType::kFloat32, Shape{3}, g + 1), iota(DType::kInt64, Shape{g + 1, 2}, 10 * g));
+  });
+  std::vector<Tensor> equal, ragged;
+  for (const auto& [a, b] : r.values()) {
+    equal.push_back(a);
+    ragged.push_back(b);
+  }
+  const PerReplica<Tensor> pe(equal), pr(ragged);
+  const int n = env.replicas();
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, pe, std::nullopt).flat<float>()[2], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(s->reduce(ReduceOp::kMax, pe, std::nullopt).flat<float>()[0], static_cast<float>(n));
+  // A ragged batch: the mean of every element of every replica.
+  const Tensor mean = s->reduce(ReduceOp::kSum, pr, 0);
+  const Tensor gathered = s->gather(pr, 0);
+  std::int64_t rows = 0, total = 0;
+  std::vector<std::int64_t> want;
+  for (int g = 0; g < n; ++g) {
+    for (int k = 0; k < 2 * (g + 1); ++k) want.push_back(10 * g + k);
+    rows += g + 1;
+  }
+  for (std::int64_t v : want) total += v;
+  ASSERT_EQ(gathered.shape(), (Shape{rows, 2}));
+  for (std::size_t k = 0; k < want.size(); ++k) EXPECT_EQ(gathered.flat<std::int64_t>()[k], want[k]) << k;
+  std::int64_t col_sum = 0;
+  for (std::size_t k = 0; k < want.size(); k += 2) col_sum += want[k];
+  EXPECT_EQ(mean.flat<std::int64_t>()[0], col_sum);
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, pr, std::vector<int>{0, 1}).scalar<std::int64_t>(), total);
+  // broadcast_to and experimental_local_results stay on this worker.
+  const Mirrored<Tensor> copies = s->extended().broadcast_to(constant({7}));
+  EXPECT_EQ(copies.size(), static_cast<std::size_t>(env.local_replicas));
+}
+
+// ---- failures: the same error on every worker, never a hang --------------------------
+
+// Catches what `f` throws; "" if nothing.
+inline std::string error_kind(const std::function<void()>& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.message();
+    return std::string(to_string(e.code()));
+  } catch (const std::exception& e) {
+    if (message) *message = e.what();
+    return "std::exception";
+  }
+  return "";
+}
+
+inline void MismatchedCollectivesFailEverywhere(const WorkerEnv& env) {
+  if (env.replicas() < 2) return;
+  auto s = env.strategy();
+  std::string message;
+  const std::string kind = error_kind(
+      [&] {
+        s->run([&](ReplicaContext& ctx) {
+          const Tensor v = constant({1.f, 2.f});
+          if (ctx.replica_id_in_sync_group() == env.replicas() - 1) {
+            ctx.all_gather(v, 0);
+          } else {
+            ctx.all_reduce(ReduceOp::kSum, v);
+          }
+        });
+      },
+      &message);
+  EXPECT_EQ(kind, "FailedPreconditionError") << message;
+  EXPECT_NE(message.find("Collective mismatch"), std::string::npos) << message;
+  // The strategy is still usable: nothing was left in flight.
+  auto r = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1)); });
+  EXPECT_EQ(r.values()[0].scalar<std::int32_t>(), env.replicas());
+}
+
+inline void MismatchedShapesFailEverywhere(const WorkerEnv& env) {
+  if (env.replicas() < 2) return;
+  auto s = env.strategy();
+  std::string message;
+  const std::string kind = error_kind(
+      [&] {
+        s->run([&](ReplicaContext& ctx) {
+          const bool last = ctx.replica_id_in_sync_group() == env.replicas() - 1;
+          ctx.all_reduce(ReduceOp::kSum, fill(DType::kFloat32, Shape{last ? 3 : 2}, 1));
+        });
+      },
+      &message);
+  EXPECT_EQ(kind, "InvalidArgumentError") << message;
+  EXPECT_NE(message.find("different shapes"), std::string::npos) << message;
+  // Cross-replica: a worker whose value has another shape fails every worker's reduce.
+  if (env.workers > 1) {
+    const int n = s->num_local_replicas();
+    std::vector<Tensor> values(static_cast<std::size_t>(n),
+                               fill(DType::kFloat32, Shape{env.worker == env.workers - 1 ? 3 : 2}, 1));
+    const std::string cross = error_kind([&] { s->reduce(ReduceOp::kSum, PerReplica<Tensor>(values), std::nullopt); },
+                                         &message);
+    EXPECT_EQ(cross, "InvalidArgumentError") << message;
+    EXPECT_NE(message.find("worker"), std::string::npos) << message;
+  }
+}
+
+inline void ReplicaThrowsAbortsEveryWorker(const WorkerEnv& env) {
+  if (env.replicas() < 2) return;
+  auto s = env.strategy();
+  const int thrower = env.replicas() - 1;
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string kind = error_kind(
+      [&] {
+        s->run([&](ReplicaContext& ctx) {
+          if (ctx.replica_id_in_sync_group() == thrower) throw std::runtime_error("boom on the last replica");
+          for (int k = 0; k < 3; ++k) ctx.all_reduce(ReduceOp::kSum, constant({1.f}));
+        });
+      },
+      &message);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(message.find("boom on the last replica"), std::string::npos) << message;
+  if (env.worker == thrower / env.local_replicas) {
+    EXPECT_EQ(kind, "std::exception");  // the thrower's own exception
+  } else {
+    EXPECT_EQ(kind, "AbortedError") << message;
+    EXPECT_NE(message.find("Replica " + std::to_string(thrower)), std::string::npos) << message;
+  }
+  EXPECT_LT(seconds, 10.0) << "the failure took " << seconds << " s to reach worker " << env.worker;
+  // The link between the workers is broken for good: later collectives fail at
+  // once. (One worker has no link: it recovers, as MirroredStrategy does.)
+  const std::string later =
+      error_kind([&] { s->run([](ReplicaContext& ctx) { ctx.all_reduce(ReduceOp::kSum, constant(1)); }); });
+  EXPECT_EQ(later.empty(), env.workers == 1) << later;
+}
+
+inline void LateWorkerTimesOutEverywhere(const WorkerEnv& env) {
+  if (env.workers < 2) return;
+  CommunicationOptions options;
+  options.timeout = std::chrono::duration<double>(1.0);
+  auto s = env.strategy(options);
+  const bool late = env.worker == env.workers - 1;
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string kind = error_kind(
+      [&] {
+        s->run([&](ReplicaContext& ctx) {
+          if (late) std::this_thread::sleep_for(std::chrono::seconds(3));
+          ctx.all_reduce(ReduceOp::kSum, constant({1.f}));
+        });
+      },
+      &message);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(kind, "DeadlineExceededError") << message;
+  EXPECT_NE(message.find("timed out"), std::string::npos) << message;
+  if (!late) {
+    EXPECT_LT(seconds, 1.0 + 5.0) << message;
+  }
+}
+
+inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
+  if (env.workers < 2) return;
+  std::string message;
+  CommunicationOptions options;
+  options.timeout = kTestTimeout;
+  const std::string kind = error_kind(
+      [&] { env.make(env.local_replicas + (env.worker == env.workers - 1 ? 1 : 0), options); }, &message);
+  EXPECT_EQ(kind, "InvalidArgumentError") << message;
+  EXPECT_NE(message.find("same number of local replicas"), std::string::npos) << message;
+}
+
+// Every case, for the harnesses' TEST macros.
+#define DIST_MULTI_WORKER_CASES(X)              \
+  X(IdsDevicesAndSeedExample)                   \
+  X(AllReduceEveryOpAndDtype)                   \
+  X(AllReduceLargeNestedAndPacked)              \
+  X(AllReduceIndexedSlices)                     \
+  X(AllGatherRaggedNested)                      \
+  X(MergeCallOncePerWorkerAndReduceToAcrossWorkers) \
+  X(StrategyReduceGatherAndBroadcastTo)         \
+  X(MismatchedCollectivesFailEverywhere)        \
+  X(MismatchedShapesFailEverywhere)             \
+  X(ReplicaThrowsAbortsEveryWorker)             \
+  X(LateWorkerTimesOutEverywhere)               \
+  X(UnequalLocalReplicaCountsAreRejected)
+
+}  // namespace distribute::testing
