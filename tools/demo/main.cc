@@ -1,10 +1,21 @@
 // distribute-demo: every example of the tf.distribute.ReplicaContext page (the
 // seed, ../shared/seed/), written in C++ with distribute, run on
 // MirroredStrategy({"CPU:0", "CPU:1"}), printing what TensorFlow prints.
+//
+// Started by an MPI launcher (mpirun -np 2 distribute-demo), it runs the same
+// examples on MultiWorkerMirroredStrategy: every worker runs 2 local
+// replicas, all of them in one sync group, and worker 0 prints what each
+// worker saw.
 #include <distribute/distribute.h>
 
 #include <iostream>
+#include <memory>
+#include <sstream>
 #include <string>
+
+#ifdef DIST_DEMO_HAVE_MPI
+#include <distribute/mpi.h>
+#endif
 
 using namespace distribute;
 
@@ -27,21 +38,20 @@ std::string values_of(const Nest<Tensor>& n) {
   }
 }
 
-void section(const std::string& title) { std::cout << "\n== " << title << " ==\n"; }
+std::ostream* out = &std::cout;
 
-}  // namespace
+void section(const std::string& title) { *out << "\n== " << title << " ==\n"; }
 
-int main() {
-  try {
-    // strategy = tf.distribute.MirroredStrategy(['GPU:0', 'GPU:1'])  (CPU devices here)
-    MirroredStrategy strategy({"CPU:0", "CPU:1"});
+void run_examples(Strategy& strategy) {
+  std::ostream& cout = *out;
+  {
 
     section("ReplicaContext: replica_id_in_sync_group");
     auto func = [] {
       auto* replica_context = get_replica_context();
       return constant(replica_context->replica_id_in_sync_group());
     };
-    std::cout << strategy.run(func) << "\n";
+    cout << strategy.run(func) << "\n";
 
     section("all_gather: one tensor");
     auto gather_value = [] {
@@ -50,8 +60,8 @@ int main() {
       return ctx->all_gather(local_value, /*axis=*/0);
     };
     auto result = strategy.run(gather_value);
-    std::cout << result << "\n";
-    std::cout << repr_tuple(strategy.experimental_local_results(result)) << "\n";
+    cout << result << "\n";
+    cout << repr_tuple(strategy.experimental_local_results(result)) << "\n";
 
     section("all_gather: a nested structure (list) of tensors");
     auto gather_nest = [] {
@@ -63,19 +73,22 @@ int main() {
     };
     auto nest_result = strategy.run(gather_nest);
     for (const auto& local : strategy.experimental_local_results(nest_result)) {
-      std::cout << repr(local) << "\n";
+      cout << repr(local) << "\n";
     }
 
     section("all_gather: different shapes on different replicas (ragged, nested dict)");
     using N = Nest<Tensor>;
-    PerReplica<N> per_replica_value({
-        N::dict({{"a", constant({0})}, {"b", constant({{0, 1}})}}),
-        N::dict({{"a", constant({1})}, {"b", constant({{2, 3}, {4, 5}})}}),
-    });
+    // Replica 0: {'a': [0], 'b': [[0, 1]]}, replica 1: {'a': [1], 'b': [[2, 3], [4, 5]]}, and so on.
+    std::vector<N> values;
+    for (int i = 0; i < strategy.num_local_replicas(); ++i) {
+      const int g = strategy.first_replica_id() + i;
+      values.push_back(N::dict({{"a", constant({g})}, {"b", iota(DType::kInt32, Shape{g + 1, 2}, g * (g + 1))}}));
+    }
+    PerReplica<N> per_replica_value(std::move(values));
     auto gather_ragged = [](ReplicaContext& ctx, const N& value) { return ctx.all_gather(value, /*axis=*/0); };
     auto ragged = strategy.run(gather_ragged, per_replica_value);
     for (std::size_t r = 0; r < ragged.size(); ++r) {
-      std::cout << "replica " << r << ": value " << values_of(per_replica_value[r]) << " -> all_gather "
+      cout << "replica " << strategy.first_replica_id() + static_cast<int>(r) << ": value " << values_of(per_replica_value[r]) << " -> all_gather "
                 << values_of(ragged[r]) << "\n";
     }
 
@@ -85,7 +98,7 @@ int main() {
       auto value = constant(1.f);
       return ctx->all_reduce(ReduceOp::kSum, value);
     };
-    std::cout << repr_tuple(strategy.experimental_local_results(strategy.run(step_fn))) << "\n";
+    cout << repr_tuple(strategy.experimental_local_results(strategy.run(step_fn))) << "\n";
 
     section("all_reduce: a list of values (batched)");
     auto step_fn_list = [] {
@@ -98,7 +111,7 @@ int main() {
     for (const auto& local : strategy.experimental_local_results(strategy.run(step_fn_list))) {
       line += (line.size() > 1 ? ", " : "") + values_of(N::list({local[0], local[1]}));
     }
-    std::cout << line << ")   # float32 scalars, one list per replica\n";
+    cout << line << ")   # float32 scalars, one list per replica\n";
 
     section("merge_call: merge_fn runs once, in the cross-replica context");
     auto merge_step = [] {
@@ -106,18 +119,49 @@ int main() {
       auto value = constant(static_cast<float>(ctx->replica_id_in_sync_group() + 1));
       return ctx->merge_call(
           [](Strategy& s, const PerReplica<Tensor>& v) {
-            std::cout << "merge_fn sees " << v << "\n";
+            *out << "merge_fn sees " << v << "\n";
             return s.extended().reduce_to(ReduceOp::kSum, v, v);  // an all-reduce: destinations = the value
           },
           value);
     };
-    std::cout << strategy.run(merge_step) << "\n";
+    cout << strategy.run(merge_step) << "\n";
 
     section("merge_call outside a distributed context");
     auto outside = get_replica_context()->merge_call(
         [](Strategy& s, const PerReplica<Tensor>& v) { return std::string(s.name()) + ": " + v[0].to_list_string(); },
         constant(7));
-    std::cout << outside << "\n";
+    cout << outside << "\n";
+  }
+}
+
+}  // namespace
+
+int main() {
+  try {
+#ifdef DIST_DEMO_HAVE_MPI
+    if (mpi::started_by_launcher()) {
+      // strategy = tf.distribute.MultiWorkerMirroredStrategy(), 2 replicas per worker
+      std::shared_ptr<Communicator> workers = mpi::cluster_from_launcher();
+      MultiWorkerMirroredStrategy strategy(2, workers);
+      std::ostringstream mine;
+      out = &mine;
+      run_examples(strategy);
+      // Worker 0 prints every worker's output, in order.
+      CollectiveCall call{.op = "distribute-demo output", .timeout_seconds = 60};
+      const std::vector<std::string> all = workers->exchange(mine.str(), call);
+      if (strategy.worker_rank() == 0) {
+        std::cout << strategy.num_workers() << " workers x " << strategy.num_local_replicas()
+                  << " local replicas = " << strategy.num_replicas_in_sync() << " replicas in sync\n";
+        for (std::size_t w = 0; w < all.size(); ++w) {
+          std::cout << "\n################ worker " << w << " ################\n" << all[w];
+        }
+      }
+      return 0;
+    }
+#endif
+    // strategy = tf.distribute.MirroredStrategy(['GPU:0', 'GPU:1'])  (CPU devices here)
+    MirroredStrategy strategy({"CPU:0", "CPU:1"});
+    run_examples(strategy);
     return 0;
   } catch (const Error& e) {
     std::cerr << "distribute-demo: " << to_string(e.code()) << ": " << e.what() << "\n";

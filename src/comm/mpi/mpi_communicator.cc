@@ -3,6 +3,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <algorithm>
 #include <thread>
@@ -35,6 +36,12 @@ int to_int(std::size_t bytes, const CollectiveCall& call) {
                              std::to_string(INT_MAX) + " bytes per rank and call");
   }
   return static_cast<int>(bytes);
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
 }
 
 std::string label(const CollectiveCall& call) { return std::string(call.op) + " #" + std::to_string(call.sequence); }
@@ -178,10 +185,10 @@ void MpiCommunicator::wait(MPI_Request& request, const CollectiveCall& call) {
     if (failed_.load(std::memory_order_acquire)) throw_if_failed();
     if (bounded && (polls & 63) == 0 && Clock::now() >= deadline) {
       const std::string message =
-          label(call) + " timed out after " + std::to_string(call.timeout_seconds) + " s on rank " +
+          label(call) + " timed out after " + seconds_text(call.timeout_seconds) + " s on rank " +
           std::to_string(rank_) + " of " + std::to_string(size_) +
-          ": other processes did not take part in time. An MPI collective cannot be cancelled, so this "
-          "communicator cannot be used any more";
+          ": other processes did not take part in time (one may have died, or be busy elsewhere). An MPI "
+          "collective cannot be cancelled, so this communicator cannot be used any more";
       abort(ErrorCode::kDeadlineExceeded, message, rank_);
       throw DeadlineExceededError(message);
     }
