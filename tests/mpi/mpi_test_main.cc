@@ -6,21 +6,26 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <string>
 
 namespace {
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
+  // (UnitTest::current_test_info() would deadlock in OnTestPartResult: the
+  // name is kept from OnTestStart.)
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: %s\n", rank_, test ? test->test_suite_name() : "?",
-                 test ? test->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.message());
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 }  // namespace
 

@@ -10,16 +10,19 @@
 #include <vector>
 
 #include "core/reduce_kernels.h"
+#include "core/storage.h"
 
 namespace distribute::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// All-reduces of at most this many bytes gather every input and reduce locally.
-constexpr std::size_t kGatherAllBytes = 4096;
 // The tag of failure notices (on the notices communicator, nothing else is sent).
 constexpr int kNoticeTag = 1;
+// The tag of point-to-point data messages (on the data communicator).
+constexpr int kDataTag = 2;
+// The tag of the header round's messages.
+constexpr int kHeaderTag = 3;
 // Polls of a pending request between two looks for failure notices.
 constexpr unsigned kPollsPerNoticeProbe = 32;
 
@@ -86,7 +89,23 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_NULL && !failed_.load()) {
     MPI_Comm_free(&notices_);
     MPI_Comm_free(&comm_);
+    return;
   }
+  // Failed: a receive that could not be cancelled may still write into the
+  // internal buffers, so they outlive the communicator (a deliberate leak,
+  // bounded by the buffers of one failed communicator).
+  if (failed_.load()) {
+    new std::vector<std::byte>(std::move(header_in_));
+    new std::shared_ptr<std::byte>(std::move(scratch_));
+  }
+}
+
+std::byte* MpiCommunicator::scratch(std::size_t bytes) {
+  if (scratch_bytes_ < bytes) {
+    scratch_ = allocate_storage(bytes);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_.get();
 }
 
 MpiCommunicator::Token::Token(MpiCommunicator& c) : c_(c) {
@@ -171,7 +190,38 @@ void MpiCommunicator::check(int mpi_result, const char* what, const CollectiveCa
   throw UnavailableError(message);
 }
 
-void MpiCommunicator::wait(MPI_Request& request, const CollectiveCall& call) {
+void MpiCommunicator::wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call,
+                               MPI_Status* statuses) {
+  try {
+    poll_all(requests, count, call, statuses);
+  } catch (...) {
+    release(requests, count, receives);
+    throw;
+  }
+}
+
+void MpiCommunicator::release(MPI_Request* requests, int count, int receives) noexcept {
+  // Receives still posted would write into buffers that are about to be
+  // freed: cancel them (local for a receive not yet matched). One that a
+  // message is already filling cannot be cancelled; it is given a moment,
+  // then left (its buffer may be the caller's). Sends are let go: MPI finishes
+  // or drops them, and only reads their buffers.
+  for (int i = 0; i < receives; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL) MPI_Cancel(&requests[i]);
+  }
+  const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
+  for (int i = 0; i < receives; ++i) {
+    int done = 0;
+    while (requests[i] != MPI_REQUEST_NULL && !done && Clock::now() < give_up) {
+      MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests[i]);
+  }
+}
+
+void MpiCommunicator::poll_all(MPI_Request* requests, int count, const CollectiveCall& call, MPI_Status* statuses) {
   const Clock::time_point start = Clock::now();
   const bool bounded = call.timeout_seconds > 0;
   const Clock::time_point deadline =
@@ -179,7 +229,11 @@ void MpiCommunicator::wait(MPI_Request& request, const CollectiveCall& call) {
               : Clock::time_point::max();
   for (unsigned polls = 0;; ++polls) {
     int done = 0;
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", call);
+    check(MPI_Testall(count, requests, &done, statuses != nullptr ? statuses : MPI_STATUSES_IGNORE), "MPI_Testall",
+          call);
+    // A call that completes has completed on every rank's inputs, even if a
+    // peer failed after sending them: a notice that arrives later is raised
+    // by the next call, not this one.
     if (done) return;
     if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) receive_notice();
     if (failed_.load(std::memory_order_acquire)) throw_if_failed();
@@ -198,43 +252,105 @@ void MpiCommunicator::wait(MPI_Request& request, const CollectiveCall& call) {
   }
 }
 
+const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std::uint64_t tag, std::uint64_t size,
+                                                                          const void* data, std::size_t inline_bytes,
+                                                                          const CollectiveCall& call) {
+  constexpr std::size_t kSlot = sizeof(Header) + kInlineBytes;
+  const auto n = static_cast<std::size_t>(size_);
+  header_out_.resize(sizeof(Header) + inline_bytes);
+  const Header mine{tag, size};
+  std::memcpy(header_out_.data(), &mine, sizeof mine);
+  if (inline_bytes) std::memcpy(header_out_.data() + sizeof mine, data, inline_bytes);
+  header_in_.resize(kSlot * n);
+  received_.assign(n, Received{});
+  std::vector<MPI_Request> requests;
+  requests.reserve(2 * n);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    requests.emplace_back();
+    check(MPI_Irecv(header_in_.data() + kSlot * static_cast<std::size_t>(q), static_cast<int>(kSlot), MPI_BYTE, q,
+                    kHeaderTag, comm_, &requests.back()),
+          "MPI_Irecv", call);
+  }
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    requests.emplace_back();
+    check(MPI_Isend(header_out_.data(), static_cast<int>(header_out_.size()), MPI_BYTE, q, kHeaderTag, comm_,
+                    &requests.back()),
+          "MPI_Isend", call);
+  }
+  std::vector<MPI_Status> statuses(requests.size());
+  wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, statuses.data());
+  std::size_t r = 0;
+  for (std::size_t q = 0; q < n; ++q) {
+    Received& in = received_[q];
+    const std::byte* slot = q == me() ? header_out_.data() : header_in_.data() + kSlot * q;
+    int bytes = static_cast<int>(header_out_.size());
+    if (q != me()) MPI_Get_count(&statuses[r++], MPI_BYTE, &bytes);
+    std::memcpy(&in.header, slot, sizeof(Header));
+    in.data = slot + sizeof(Header);
+    in.inline_bytes = static_cast<std::size_t>(bytes) - sizeof(Header);
+  }
+  for (const Received& in : received_) {
+    if (in.header.tag != received_[0].header.tag || (in.header.tag & 1) != 0) throw SignatureMismatch();
+  }
+  return received_;
+}
+
 void MpiCommunicator::check_tags(const CollectiveCall& call) {
   if (call.signature_tag == 0) return;
-  std::vector<std::uint64_t> tags(static_cast<std::size_t>(size_));
-  std::uint64_t mine = call.signature_tag;
-  MPI_Request request;
-  check(MPI_Iallgather(&mine, 1, MPI_UINT64_T, tags.data(), 1, MPI_UINT64_T, comm_, &request), "MPI_Iallgather",
-        call);
-  wait(request, call);
-  for (std::uint64_t t : tags) {
-    if (t != tags[0] || (t & 1) != 0) throw SignatureMismatch();
-  }
+  header_round(call.signature_tag, 0, nullptr, 0, call);
 }
 
 void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, void* recv,
                                    const std::vector<int>& counts, const CollectiveCall& call) {
-  std::vector<int> displs(counts.size());
-  long long at = 0;
+  // Point to point: every rank sends its block to every other (messages
+  // between two ranks are matched in order, so one tag serves every call).
+  auto* out = static_cast<std::byte*>(recv);
+  std::vector<MPI_Request> requests;
+  requests.reserve(2 * counts.size());
+  std::size_t at = 0;
+  std::byte* own = nullptr;
   for (std::size_t q = 0; q < counts.size(); ++q) {
-    displs[q] = to_int(static_cast<std::size_t>(at), call);
-    at += counts[q];
+    const int peer = static_cast<int>(q);
+    if (peer == rank_) {
+      own = out + at;
+    } else if (counts[q] > 0) {
+      requests.emplace_back();
+      check(MPI_Irecv(out + at, counts[q], MPI_BYTE, peer, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
+    }
+    at += static_cast<std::size_t>(counts[q]);
   }
-  MPI_Request request;
-  check(MPI_Iallgatherv(send, to_int(send_bytes, call), MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE,
-                        comm_, &request),
-        "MPI_Iallgatherv", call);
-  wait(request, call);
+  const int bytes = to_int(send_bytes, call);
+  const int receives = static_cast<int>(requests.size());
+  for (int q = 0; q < size_ && bytes > 0; ++q) {
+    if (q == rank_) continue;
+    requests.emplace_back();
+    check(MPI_Isend(send, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
+  }
+  if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
 }
 
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   Token token(*this);
   throw_if_failed();
-  check_tags(call);
-  std::vector<int> sizes(static_cast<std::size_t>(size_));
-  int mine = to_int(payload.size(), call);
-  MPI_Request request;
-  check(MPI_Iallgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_, &request), "MPI_Iallgather", call);
-  wait(request, call);
+  // The header round carries the tag and the payload's size, and the payload itself if it fits.
+  const std::size_t inline_bytes = payload.size() <= kInlineBytes ? payload.size() : 0;
+  const std::vector<Received>& headers =
+      header_round(call.signature_tag, static_cast<std::uint64_t>(to_int(payload.size(), call)), payload.data(),
+                   inline_bytes, call);
+  std::vector<int> sizes;
+  bool all_inline = true;
+  for (const Received& h : headers) {
+    sizes.push_back(static_cast<int>(h.header.size));
+    all_inline &= h.inline_bytes == h.header.size;
+  }
+  if (all_inline) {
+    std::vector<std::string> out;
+    for (const Received& h : headers) out.emplace_back(reinterpret_cast<const char*>(h.data), h.inline_bytes);
+    return out;
+  }
   std::size_t total = 0;
   for (int s : sizes) total += static_cast<std::size_t>(s);
   std::string all(total, '\0');
@@ -252,11 +368,20 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
                                  const CollectiveCall& call, std::int64_t mean_divisor) {
   Token token(*this);
   throw_if_failed();
-  check_tags(call);
   const std::size_t esz = size_of(dtype);
   const std::size_t bytes = count * esz;
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size_;
   const auto n = static_cast<std::size_t>(size_);
+  if (bytes <= kInlineBytes && size_ > 1) {
+    // Small: the inputs travel in the header round, the only round; every
+    // rank reduces all of them in rank order (the same bits everywhere).
+    const std::vector<Received>& headers = header_round(call.signature_tag, bytes, send, bytes, call);
+    std::vector<const void*> srcs(n);
+    for (std::size_t q = 0; q < n; ++q) srcs[q] = headers[q].data;
+    if (bytes) reduce_sources(recv, srcs, count, dtype, op, divisor);
+    return;
+  }
+  check_tags(call);
   if (size_ == 1) {
     const void* srcs[1] = {send};
     if (op == ReduceOp::kMean && divisor > 1) {
@@ -268,15 +393,6 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   }
   if (bytes == 0) return;
   std::vector<const void*> srcs(n);
-  if (bytes <= kGatherAllBytes) {
-    // Latency: one all-gather of every input, then every rank reduces them all
-    // in rank order (the same bits everywhere).
-    std::vector<std::byte> all(bytes * n);
-    gather_bytes(send, bytes, all.data(), std::vector<int>(n, static_cast<int>(bytes)), call);
-    for (std::size_t q = 0; q < n; ++q) srcs[q] = all.data() + q * bytes;
-    reduce_sources(recv, srcs, count, dtype, op, divisor);
-    return;
-  }
   // Bandwidth: rank r receives slice r of every input, reduces it in rank
   // order, and the reduced slices are all-gathered into place.
   std::vector<int> slice_bytes(n), slice_displs(n);
@@ -287,21 +403,34 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   }
   const auto me = static_cast<std::size_t>(rank_);
   const int my_bytes = slice_bytes[me];
-  std::vector<std::byte> pieces(static_cast<std::size_t>(my_bytes) * n);
-  std::vector<int> recv_counts(n, my_bytes), recv_displs(n);
-  for (std::size_t q = 0; q < n; ++q) recv_displs[q] = to_int(q * static_cast<std::size_t>(my_bytes), call);
-  MPI_Request request;
-  check(MPI_Ialltoallv(send, slice_bytes.data(), slice_displs.data(), MPI_BYTE, pieces.data(), recv_counts.data(),
-                       recv_displs.data(), MPI_BYTE, comm_, &request),
-        "MPI_Ialltoallv", call);
-  wait(request, call);
-  for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces.data() + q * static_cast<std::size_t>(my_bytes);
+  // The slices received from the other ranks; kept by the communicator, so
+  // that a receive left pending by a failure never writes into freed memory.
+  std::byte* pieces = scratch(static_cast<std::size_t>(my_bytes) * n);
+  // Scatter: slice q of this rank's input goes to rank q, point to point.
+  std::vector<MPI_Request> requests;
+  requests.reserve(2 * n);
+  for (std::size_t q = 0; q < n; ++q) {
+    if (q == me || my_bytes == 0) continue;
+    requests.emplace_back();
+    check(MPI_Irecv(pieces + q * static_cast<std::size_t>(my_bytes), my_bytes, MPI_BYTE, static_cast<int>(q),
+                    kDataTag, comm_, &requests.back()),
+          "MPI_Irecv", call);
+  }
+  const int receives = static_cast<int>(requests.size());
+  for (std::size_t q = 0; q < n; ++q) {
+    if (q == me || slice_bytes[q] == 0) continue;
+    requests.emplace_back();
+    check(MPI_Isend(static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], MPI_BYTE,
+                    static_cast<int>(q), kDataTag, comm_, &requests.back()),
+          "MPI_Isend", call);
+  }
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
+  for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces + q * static_cast<std::size_t>(my_bytes);
+  srcs[me] = static_cast<const std::byte*>(send) + slice_displs[me];  // our own slice, read in place
   auto* mine = static_cast<std::byte*>(recv) + slice_displs[me];
   reduce_sources(mine, srcs, static_cast<std::size_t>(my_bytes) / esz, dtype, op, divisor);
-  check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv, slice_bytes.data(), slice_displs.data(), MPI_BYTE, comm_,
-                        &request),
-        "MPI_Iallgatherv", call);
-  wait(request, call);
+  // Gather: the reduced slices, into place on every rank.
+  gather_bytes(mine, static_cast<std::size_t>(my_bytes), recv, slice_bytes, call);
 }
 
 void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
@@ -323,14 +452,14 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
   }
   // Gathered rank by rank (each rank's `outer` rows together), then laid out
   // row by row: row o is every rank's row o, in rank order.
-  std::vector<std::byte> staged(total);
-  gather_bytes(send, mine, staged.data(), bytes, call);
+  std::shared_ptr<std::byte> staged = allocate_storage(total);
+  gather_bytes(send, mine, staged.get(), bytes, call);
   auto* dst = static_cast<std::byte*>(recv);
   for (std::size_t o = 0; o < outer; ++o) {
     std::size_t rank_start = 0;
     for (std::size_t q = 0; q < counts.size(); ++q) {
       const std::size_t row = counts[q] * esz;
-      if (row) std::memcpy(dst, staged.data() + rank_start + o * row, row);
+      if (row) std::memcpy(dst, staged.get() + rank_start + o * row, row);
       dst += row;
       rank_start += static_cast<std::size_t>(bytes[q]);
     }
@@ -341,23 +470,28 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   Token token(*this);
   throw_if_failed();
   check_tags(call);
-  if (size_ == 1 || count == 0) return;
-  MPI_Request request;
-  check(MPI_Ibcast(buffer, to_int(count * size_of(dtype), call), MPI_BYTE, root, comm_, &request), "MPI_Ibcast",
-        call);
-  wait(request, call);
+  const int bytes = to_int(count * size_of(dtype), call);
+  if (size_ == 1 || bytes == 0) return;
+  // The root sends to every other rank, point to point.
+  std::vector<MPI_Request> requests;
+  const int receives = rank_ == root ? 0 : 1;
+  if (rank_ == root) {
+    for (int q = 0; q < size_; ++q) {
+      if (q == root) continue;
+      requests.emplace_back();
+      check(MPI_Isend(buffer, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
+    }
+  } else {
+    requests.emplace_back();
+    check(MPI_Irecv(buffer, bytes, MPI_BYTE, root, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
+  }
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
 }
 
 void MpiCommunicator::barrier(const CollectiveCall& call) {
   Token token(*this);
   throw_if_failed();
-  if (call.signature_tag != 0) {
-    check_tags(call);  // itself a synchronisation of every rank
-    return;
-  }
-  MPI_Request request;
-  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier", call);
-  wait(request, call);
+  header_round(call.signature_tag, 0, nullptr, 0, call);  // a message from every rank to every rank
 }
 
 }  // namespace distribute::internal

@@ -7,9 +7,21 @@
 // so all ranks get the same bits, for every dtype and op, float16 and bfloat16
 // included, and MEAN, MIN, MAX and PRODUCT behave as documented in
 // docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces:
-//   small (<= 4 KiB): all-gather every input, reduce all of them locally;
+//   small (<= 4 KiB): the inputs ride in the header round (below), and every
+//          rank reduces all of them locally;
 //   large: all-to-all of slices (rank r receives slice r of every input),
 //          reduce slice r in rank order, all-gather the reduced slices.
+//
+// All data moves point to point (MPI_Isend / MPI_Irecv): OpenMPI's
+// non-blocking collectives cost microseconds of scheduling per round.
+//
+// The header round: a collective whose CollectiveCall carries a signature tag
+// begins with one message from every rank to every other: a 16-byte header
+// (the tag and a size) followed by up to 4 KiB of data, received into buffers
+// of the largest size. Every kind of call begins the same way, so ranks that
+// disagree still match at the MPI level and all see the tags differ before
+// any other data moves; small all_reduces and exchanges, barriers, need no
+// other round.
 //
 // No call blocks without bound: each is a non-blocking MPI collective polled
 // with MPI_Test, so a timeout raises DeadlineExceededError and abort() raises
@@ -29,8 +41,11 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <cstddef>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "distribute/communicator.h"
@@ -64,11 +79,34 @@ class MpiCommunicator final : public Communicator {
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 
  private:
-  // Compares signature tags across ranks (one small all-gather); throws
-  // SignatureMismatch on every rank if they differ.
+  static constexpr std::size_t kInlineBytes = 4096;
+  struct Header {
+    std::uint64_t tag = 0;
+    std::uint64_t size = 0;  // what the call says; the inline data, if any, follows
+  };
+  struct Received {
+    Header header;
+    const std::byte* data = nullptr;  // inline data (`inline_bytes` of it)
+    std::size_t inline_bytes = 0;
+  };
+  // The header round: sends {tag, size} and `inline_bytes` (<= kInlineBytes)
+  // of `data` to every other rank; returns every rank's, in rank order.
+  // Throws SignatureMismatch on every rank if the tags differ.
+  const std::vector<Received>& header_round(std::uint64_t tag, std::uint64_t size, const void* data,
+                                            std::size_t inline_bytes, const CollectiveCall& call);
+  // The header round with the tag alone, if the call has one.
   void check_tags(const CollectiveCall& call);
-  // Waits for `request`, polling for timeout and abort.
-  void wait(MPI_Request& request, const CollectiveCall& call);
+  // Waits for all `count` requests (the first `receives` of them receives),
+  // polling for timeout, abort and other ranks' failure notices. If it throws,
+  // the requests are released first (release()).
+  void wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call,
+                MPI_Status* statuses = nullptr);
+  void poll_all(MPI_Request* requests, int count, const CollectiveCall& call, MPI_Status* statuses);
+  // Cancels pending receives and frees every request, after a failure.
+  static void release(MPI_Request* requests, int count, int receives) noexcept;
+  // A buffer of at least `bytes`, reused from call to call.
+  std::byte* scratch(std::size_t bytes);
+  std::size_t me() const { return static_cast<std::size_t>(rank_); }
   void check(int mpi_result, const char* what, const CollectiveCall& call);
   void throw_if_failed();
   // all_gather_v of bytes, outer == 1.
@@ -92,6 +130,11 @@ class MpiCommunicator final : public Communicator {
   // If another rank's failure notice has arrived, records it (token held).
   void receive_notice();
 
+  std::vector<std::byte> header_out_;  // this rank's message of the header round
+  std::vector<std::byte> header_in_;   // every rank's, kInlineBytes + header each
+  std::vector<Received> received_;
+  std::shared_ptr<std::byte> scratch_;
+  std::size_t scratch_bytes_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm notices_ = MPI_COMM_NULL;  // failure notices only
   std::mutex token_;
