@@ -249,33 +249,59 @@ Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, con
     internal::validate_gather_leaf(leaves[i], axis, sig);
     if (!had_error && sig.error_code && !paths[i].empty()) sig.error = "value " + paths[i] + ": " + sig.error;
   }
-  const std::vector<Signature> sigs = agree(ch, sig, call, first_replica_of_group(*this),
-                                            internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
-
+  // Gathers every leaf; `sigs` gives every member's shapes (nullptr: all are this replica's).
   const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
-  std::vector<Tensor> out;
-  out.reserve(leaves.size());
-  for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const Tensor& leaf = leaves[i];
-    const int a = axis < 0 ? axis + leaf.rank() : axis;
-    std::int64_t outer = 1, inner = 1;
-    for (int d = 0; d < a; ++d) outer *= leaf.shape()[d];
-    for (int d = a + 1; d < leaf.rank(); ++d) inner *= leaf.shape()[d];
-    std::vector<std::int64_t> dims = leaf.shape().dims();
-    dims[static_cast<std::size_t>(a)] = 0;
-    std::vector<std::size_t> counts;
-    for (const auto& s : sigs) {
-      const std::int64_t along = s.leaves[i].dims[static_cast<std::size_t>(a)];
-      counts.push_back(static_cast<std::size_t>(along * inner));
-      dims[static_cast<std::size_t>(a)] += along;
+  const auto members = static_cast<std::size_t>(ch.comm->size());
+  auto gather_leaves = [&](const std::vector<Signature>* sigs, CollectiveCall data_call) {
+    std::vector<Tensor> out;
+    out.reserve(leaves.size());
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      const Tensor& leaf = leaves[i];
+      const int a = axis < 0 ? axis + leaf.rank() : axis;
+      std::int64_t outer = 1, inner = 1;
+      for (int d = 0; d < a; ++d) outer *= leaf.shape()[d];
+      for (int d = a + 1; d < leaf.rank(); ++d) inner *= leaf.shape()[d];
+      std::vector<std::int64_t> dims = leaf.shape().dims();
+      dims[static_cast<std::size_t>(a)] = 0;
+      std::vector<std::size_t> counts;
+      for (std::size_t q = 0; q < members; ++q) {
+        const std::int64_t along = sigs ? (*sigs)[q].leaves[i].dims[static_cast<std::size_t>(a)] : leaf.shape()[a];
+        counts.push_back(static_cast<std::size_t>(along * inner));
+        dims[static_cast<std::size_t>(a)] += along;
+      }
+      Tensor gathered = Tensor::uninitialized(leaf.dtype(), Shape(dims), device);
+      ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), counts, static_cast<std::size_t>(outer),
+                            leaf.dtype(), data_call);
+      data_call.signature_tag = 0;
+      ++ch.data_calls;
+      out.push_back(std::move(gathered));
     }
-    Tensor gathered = Tensor::uninitialized(leaf.dtype(), Shape(dims), device);
-    ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), counts, static_cast<std::size_t>(outer),
-                          leaf.dtype(), call);
-    ++ch.data_calls;
-    out.push_back(std::move(gathered));
+    return Nest<Tensor>::pack_sequence_as(value, std::move(out));
+  };
+  // Fast path: the same shapes on every replica (the common case). The hash of
+  // the signature, shapes included, rides on the first round; only if the
+  // hashes differ (ragged values, a mismatch, a local error) do the replicas
+  // exchange full signatures. Every replica takes the same rounds: a replica
+  // with nothing to gather, or an invalid value, offers its hash in a barrier.
+  CollectiveCall first = call;
+  first.signature_tag = sig.tag(/*with_leaves=*/true);
+  try {
+    if (leaves.empty() || sig.error_code) {
+      ch.comm->barrier(first);
+      if (leaves.empty()) return Nest<Tensor>::pack_sequence_as(value, std::vector<Tensor>{});
+    } else {
+      return gather_leaves(nullptr, first);
+    }
+  } catch (const internal::SignatureMismatch&) {
   }
-  return Nest<Tensor>::pack_sequence_as(value, std::move(out));
+  // Every replica is here after the same SignatureMismatch (as a replica of
+  // another collective is in explain_mismatch): exchange full signatures.
+  CollectiveCall untagged = call;
+  untagged.signature_tag = 0;
+  std::vector<Signature> sigs;
+  for (const auto& p : ch.comm->exchange(sig.encode(), untagged)) sigs.push_back(Signature::decode(p));
+  check_agreed(ch, sigs, first_replica_of_group(*this), internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
+  return gather_leaves(&sigs, call);
 }
 
 Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const CommunicationOptions& options) {

@@ -23,6 +23,9 @@ constexpr int kNoticeTag = 1;
 constexpr int kDataTag = 2;
 // The tag of the header round's messages.
 constexpr int kHeaderTag = 3;
+// All-reduces that receive at most this many bytes per rank in all gather
+// every input and reduce locally (one round); larger ones scatter slices.
+constexpr std::size_t kGatherAllBytes = 1 << 20;
 // Polls of a pending request between two looks for failure notices.
 constexpr unsigned kPollsPerNoticeProbe = 32;
 
@@ -257,10 +260,7 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std:
                                                                           const CollectiveCall& call) {
   constexpr std::size_t kSlot = sizeof(Header) + kInlineBytes;
   const auto n = static_cast<std::size_t>(size_);
-  header_out_.resize(sizeof(Header) + inline_bytes);
-  const Header mine{tag, size};
-  std::memcpy(header_out_.data(), &mine, sizeof mine);
-  if (inline_bytes) std::memcpy(header_out_.data() + sizeof mine, data, inline_bytes);
+  header_out_ = Header{tag, size};
   header_in_.resize(kSlot * n);
   received_.assign(n, Received{});
   std::vector<MPI_Request> requests;
@@ -272,21 +272,44 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std:
                     kHeaderTag, comm_, &requests.back()),
           "MPI_Irecv", call);
   }
+  // One message: the header and the data; a little data is copied behind the
+  // header, more is sent straight from where it is.
+  MPI_Datatype message = MPI_DATATYPE_NULL;
+  const bool copy = inline_bytes <= kCopiedInlineBytes;
+  if (copy) {
+    std::memcpy(small_out_.data(), &header_out_, sizeof(Header));
+    if (inline_bytes) std::memcpy(small_out_.data() + sizeof(Header), data, inline_bytes);
+  } else if (size_ > 1) {
+    MPI_Aint where[2];
+    MPI_Get_address(&header_out_, &where[0]);
+    MPI_Get_address(inline_bytes ? data : &header_out_, &where[1]);
+    const int lengths[2] = {static_cast<int>(sizeof(Header)), static_cast<int>(inline_bytes)};
+    check(MPI_Type_create_hindexed(2, lengths, where, MPI_BYTE, &message), "MPI_Type_create_hindexed", call);
+    check(MPI_Type_commit(&message), "MPI_Type_commit", call);
+  }
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     requests.emplace_back();
-    check(MPI_Isend(header_out_.data(), static_cast<int>(header_out_.size()), MPI_BYTE, q, kHeaderTag, comm_,
-                    &requests.back()),
+    check(copy ? MPI_Isend(small_out_.data(), static_cast<int>(sizeof(Header) + inline_bytes), MPI_BYTE, q,
+                           kHeaderTag, comm_, &requests.back())
+               : MPI_Isend(MPI_BOTTOM, 1, message, q, kHeaderTag, comm_, &requests.back()),
           "MPI_Isend", call);
   }
+  if (message != MPI_DATATYPE_NULL) MPI_Type_free(&message);  // freed by MPI when the sends are done
   std::vector<MPI_Status> statuses(requests.size());
   wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, statuses.data());
   std::size_t r = 0;
   for (std::size_t q = 0; q < n; ++q) {
     Received& in = received_[q];
-    const std::byte* slot = q == me() ? header_out_.data() : header_in_.data() + kSlot * q;
-    int bytes = static_cast<int>(header_out_.size());
-    if (q != me()) MPI_Get_count(&statuses[r++], MPI_BYTE, &bytes);
+    if (q == me()) {
+      in.header = header_out_;
+      in.data = static_cast<const std::byte*>(data);
+      in.inline_bytes = inline_bytes;
+      continue;
+    }
+    int bytes = 0;
+    MPI_Get_count(&statuses[r++], MPI_BYTE, &bytes);
+    const std::byte* slot = header_in_.data() + kSlot * q;
     std::memcpy(&in.header, slot, sizeof(Header));
     in.data = slot + sizeof(Header);
     in.inline_bytes = static_cast<std::size_t>(bytes) - sizeof(Header);
@@ -393,6 +416,16 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   }
   if (bytes == 0) return;
   std::vector<const void*> srcs(n);
+  if (bytes * (n - 1) <= kGatherAllBytes) {
+    // Latency: every rank receives every input and reduces them all in rank
+    // order (the same bits everywhere): one round, as recursive doubling for 2.
+    std::byte* all = scratch(bytes * n);
+    gather_bytes(send, bytes, all, std::vector<int>(n, static_cast<int>(bytes)), call);
+    for (std::size_t q = 0; q < n; ++q) srcs[q] = all + q * bytes;
+    srcs[me()] = send;
+    reduce_sources(recv, srcs, count, dtype, op, divisor);
+    return;
+  }
   // Bandwidth: rank r receives slice r of every input, reduces it in rank
   // order, and the reduced slices are all-gathered into place.
   std::vector<int> slice_bytes(n), slice_displs(n);

@@ -40,6 +40,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -79,7 +80,7 @@ class MpiCommunicator final : public Communicator {
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 
  private:
-  static constexpr std::size_t kInlineBytes = 4096;
+  static constexpr std::size_t kInlineBytes = 64 * 1024 - 16;
   struct Header {
     std::uint64_t tag = 0;
     std::uint64_t size = 0;  // what the call says; the inline data, if any, follows
@@ -130,8 +131,10 @@ class MpiCommunicator final : public Communicator {
   // If another rank's failure notice has arrived, records it (token held).
   void receive_notice();
 
-  std::vector<std::byte> header_out_;  // this rank's message of the header round
-  std::vector<std::byte> header_in_;   // every rank's, kInlineBytes + header each
+  Header header_out_;                  // this rank's header of the header round
+  static constexpr std::size_t kCopiedInlineBytes = 1024;
+  std::array<std::byte, sizeof(Header) + kCopiedInlineBytes> small_out_{};  // header + a little data
+  std::vector<std::byte> header_in_;   // every other rank's message, header + kInlineBytes each
   std::vector<Received> received_;
   std::shared_ptr<std::byte> scratch_;
   std::size_t scratch_bytes_ = 0;
