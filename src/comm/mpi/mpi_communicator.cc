@@ -470,31 +470,43 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
                                    std::size_t outer, DType dtype, const CollectiveCall& call) {
   Token token(*this);
   throw_if_failed();
-  check_tags(call);
   const std::size_t esz = size_of(dtype);
   std::vector<int> bytes(counts.size());
-  std::size_t total = 0;
+  std::size_t total = 0, largest = 0;
   for (std::size_t q = 0; q < counts.size(); ++q) {
     bytes[q] = to_int(counts[q] * outer * esz, call);
     total += static_cast<std::size_t>(bytes[q]);
+    largest = std::max(largest, static_cast<std::size_t>(bytes[q]));
   }
-  const std::size_t mine = static_cast<std::size_t>(bytes[static_cast<std::size_t>(rank_)]);
-  if (outer == 1) {
-    gather_bytes(send, mine, recv, bytes, call);
-    return;
+  const std::size_t mine = static_cast<std::size_t>(bytes[me()]);
+  // Every rank's block, rank by rank (each rank's `outer` rows together).
+  std::vector<const std::byte*> blocks(counts.size());
+  std::shared_ptr<std::byte> staged;
+  if (largest <= kInlineBytes) {
+    // Small: the blocks travel in the header round, the only round.
+    const std::vector<Received>& in = header_round(call.signature_tag, 0, send, mine, call);
+    for (std::size_t q = 0; q < counts.size(); ++q) blocks[q] = in[q].data;
+  } else {
+    check_tags(call);
+    if (outer == 1) {
+      gather_bytes(send, mine, recv, bytes, call);
+      return;
+    }
+    staged = allocate_storage(total);
+    gather_bytes(send, mine, staged.get(), bytes, call);
+    std::size_t at = 0;
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      blocks[q] = staged.get() + at;
+      at += static_cast<std::size_t>(bytes[q]);
+    }
   }
-  // Gathered rank by rank (each rank's `outer` rows together), then laid out
-  // row by row: row o is every rank's row o, in rank order.
-  std::shared_ptr<std::byte> staged = allocate_storage(total);
-  gather_bytes(send, mine, staged.get(), bytes, call);
+  // Laid out row by row: row o is every rank's row o, in rank order.
   auto* dst = static_cast<std::byte*>(recv);
   for (std::size_t o = 0; o < outer; ++o) {
-    std::size_t rank_start = 0;
     for (std::size_t q = 0; q < counts.size(); ++q) {
       const std::size_t row = counts[q] * esz;
-      if (row) std::memcpy(dst, staged.get() + rank_start + o * row, row);
+      if (row) std::memcpy(dst, blocks[q] + o * row, row);
       dst += row;
-      rank_start += static_cast<std::size_t>(bytes[q]);
     }
   }
 }
