@@ -257,21 +257,13 @@ Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, con
     out.reserve(leaves.size());
     for (std::size_t i = 0; i < leaves.size(); ++i) {
       const Tensor& leaf = leaves[i];
-      const int a = axis < 0 ? axis + leaf.rank() : axis;
-      std::int64_t outer = 1, inner = 1;
-      for (int d = 0; d < a; ++d) outer *= leaf.shape()[d];
-      for (int d = a + 1; d < leaf.rank(); ++d) inner *= leaf.shape()[d];
-      std::vector<std::int64_t> dims = leaf.shape().dims();
-      dims[static_cast<std::size_t>(a)] = 0;
-      std::vector<std::size_t> counts;
-      for (std::size_t q = 0; q < members; ++q) {
-        const std::int64_t along = sigs ? (*sigs)[q].leaves[i].dims[static_cast<std::size_t>(a)] : leaf.shape()[a];
-        counts.push_back(static_cast<std::size_t>(along * inner));
-        dims[static_cast<std::size_t>(a)] += along;
-      }
-      Tensor gathered = Tensor::uninitialized(leaf.dtype(), Shape(dims), device);
-      ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), counts, static_cast<std::size_t>(outer),
-                            leaf.dtype(), data_call);
+      const auto a = static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis);
+      const internal::GatherLayout layout = internal::gather_layout(leaf, axis, members, [&](std::size_t q) {
+        return sigs ? (*sigs)[q].leaves[i].dims[a] : leaf.shape().dims_span()[a];
+      });
+      Tensor gathered = Tensor::uninitialized(leaf.dtype(), layout.shape, device);
+      ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), layout.counts, layout.outer, leaf.dtype(),
+                            data_call);
       data_call.signature_tag = 0;
       ++ch.data_calls;
       out.push_back(std::move(gathered));

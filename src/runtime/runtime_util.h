@@ -2,6 +2,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -28,5 +29,16 @@ void reset_implementation_notice_for_testing();
 
 // Records in `sig` why `value` cannot be all-gathered along `axis`, if it cannot.
 void validate_gather_leaf(const Tensor& value, int axis, Signature& sig);
+
+// How an all-gather of `value` along `axis` lays out, where member q holds
+// along(q) elements along the axis: `outer` rows, each the concatenation of
+// every member's row of counts[q] elements, giving a result of `shape`.
+struct GatherLayout {
+  std::size_t outer = 1;
+  std::vector<std::size_t> counts;
+  Shape shape;
+};
+GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members,
+                           const std::function<std::int64_t(std::size_t)>& along);
 
 }  // namespace distribute::internal

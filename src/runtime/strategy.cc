@@ -429,22 +429,13 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
   const std::vector<internal::Signature> blocks =
       internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kAllButAxis, axis);
   if (blocks.size() == 1) return block;
-  const int a = axis < 0 ? axis + block.rank() : axis;
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < a; ++d) outer *= block.shape()[d];
-  for (int d = a + 1; d < block.rank(); ++d) inner *= block.shape()[d];
-  std::vector<std::int64_t> dims = block.shape().dims();
-  dims[static_cast<std::size_t>(a)] = 0;
-  std::vector<std::size_t> counts;
-  for (const internal::Signature& b : blocks) {
-    const std::int64_t along = b.leaves[0].dims[static_cast<std::size_t>(a)];
-    counts.push_back(static_cast<std::size_t>(along * inner));
-    dims[static_cast<std::size_t>(a)] += along;
-  }
-  Tensor out = Tensor::uninitialized(block.dtype(), Shape(dims), kHostDevice);
+  const auto a = static_cast<std::size_t>(axis < 0 ? axis + block.rank() : axis);
+  const internal::GatherLayout layout = internal::gather_layout(
+      block, axis, blocks.size(), [&](std::size_t w) { return blocks[w].leaves[0].dims[a]; });
+  Tensor out = Tensor::uninitialized(block.dtype(), layout.shape, kHostDevice);
   const CollectiveCall call = internal::worker_call(*state_, options_, "gather");
-  state_->workers->all_gather_v(block.raw_data(), out.mutable_raw_data(), counts, static_cast<std::size_t>(outer),
-                                block.dtype(), call);
+  state_->workers->all_gather_v(block.raw_data(), out.mutable_raw_data(), layout.counts, layout.outer, block.dtype(),
+                                call);
   return out;
 }
 
