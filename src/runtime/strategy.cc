@@ -53,7 +53,9 @@ struct StrategyState {
     std::lock_guard<std::mutex> lock(resources_mutex);
     while (static_cast<int>(by_depth.size()) <= depth) {
       auto res = std::make_unique<RunResources>();
-      res->local = std::make_shared<LocalGroup>(replicas);
+      // A worker's replicas share the host's cores with the other workers on
+      // it, and their leader with MPI's progress: waiters yield.
+      res->local = std::make_shared<LocalGroup>(replicas, /*shares_cores=*/workers != nullptr);
       res->channels.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r) {
         if (workers != nullptr) {

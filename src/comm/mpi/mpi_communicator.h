@@ -7,8 +7,10 @@
 // so all ranks get the same bits, for every dtype and op, float16 and bfloat16
 // included, and MEAN, MIN, MAX and PRODUCT behave as documented in
 // docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces:
-//   small (<= 4 KiB): the inputs ride in the header round (below), and every
-//          rank reduces all of them locally;
+//   small (<= 64 KiB): the inputs ride in the header round (below), and
+//          every rank reduces all of them locally;
+//   medium (<= 4 MiB received per rank): every rank sends its input to every
+//          other and reduces all of them (one round);
 //   large: all-to-all of slices (rank r receives slice r of every input),
 //          reduce slice r in rank order, all-gather the reduced slices.
 //
@@ -17,14 +19,14 @@
 //
 // The header round: a collective whose CollectiveCall carries a signature tag
 // begins with one message from every rank to every other: a 16-byte header
-// (the tag and a size) followed by up to 4 KiB of data, received into buffers
-// of the largest size. Every kind of call begins the same way, so ranks that
+// (the tag and a size) followed by up to 64 KiB of data, received into
+// buffers of the largest size. Every kind of call begins the same way, so ranks that
 // disagree still match at the MPI level and all see the tags differ before
-// any other data moves; small all_reduces and exchanges, barriers, need no
-// other round.
+// any other data moves; small all_reduces, all-gathers and exchanges, and
+// barriers, need no other round.
 //
-// No call blocks without bound: each is a non-blocking MPI collective polled
-// with MPI_Test, so a timeout raises DeadlineExceededError and abort() raises
+// No call blocks without bound: every request is polled with MPI_Testall, so
+// a timeout raises DeadlineExceededError and abort() raises
 // the abort's error. MPI cannot cancel a started collective, so after either
 // the communicator is broken for good (UnavailableError). MPI errors become
 // UnavailableError with MPI's own message.

@@ -45,11 +45,11 @@ bool yield_while_waiting(int size) {
 }
 }  // namespace
 
-LocalGroup::LocalGroup(int size)
+LocalGroup::LocalGroup(int size, bool shares_cores)
     : size_(size > 0 ? size : throw InvalidArgumentError("LocalGroup: size must be positive, got " +
                                                          std::to_string(size))),
       spin_microseconds_(spin_microseconds()),
-      yield_while_waiting_(yield_while_waiting(size)),
+      yield_while_waiting_(shares_cores || yield_while_waiting(size)),
       members_(new Member[static_cast<std::size_t>(size)]),
       inline_storage_(new std::byte[2 * kInlineBytes * static_cast<std::size_t>(size)]) {
   slots_[0].resize(static_cast<std::size_t>(size));

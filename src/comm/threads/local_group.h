@@ -47,7 +47,10 @@ class LocalGroup {
   // Bytes of each member's inline area (per round parity).
   static constexpr std::size_t kInlineBytes = 4 * 1024;
 
-  explicit LocalGroup(int size);
+  // `shares_cores`: other processes on this host compete for the cores (a
+  // worker of a multi-worker job), so waiters always yield their core rather
+  // than spin.
+  explicit LocalGroup(int size, bool shares_cores = false);
   ~LocalGroup();
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
