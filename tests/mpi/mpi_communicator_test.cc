@@ -33,7 +33,8 @@ TEST_P(MpiAllReduceTest, MatchesReferenceOnEveryRank) {
   const auto [dtype, op] = GetParam();
   MpiCommunicator comm;
   const int n = comm.size();
-  // Counts straddle the gather-all path (4 KiB) and cover slices of unequal length.
+  // Counts straddle the header-round path (64 KiB) for the wider dtypes; the
+  // scatter path (over 4 MiB received) is in LargeAllReduceScattersSlices.
   for (std::size_t count : {0u, 1u, 7u, 1000u, 4097u, 65537u}) {
     for (bool in_place : {false, true}) {
       const std::size_t esz = size_of(dtype);
@@ -64,6 +65,71 @@ INSTANTIATE_TEST_SUITE_P(Matrix, MpiAllReduceTest,
                            return std::string(to_string(std::get<0>(p.param))) + "_" +
                                   std::string(to_string(std::get<1>(p.param)));
                          });
+
+// Above 4 MiB received per rank the all-reduce scatters slices (of unequal
+// lengths here), reduces them and gathers them back.
+TEST(MpiCommunicatorTest, LargeAllReduceScattersSlices) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  for (auto [dtype, op] : {std::pair{DType::kFloat32, ReduceOp::kSum}, std::pair{DType::kInt32, ReduceOp::kMax},
+                           std::pair{DType::kFloat16, ReduceOp::kMean}}) {
+    const std::size_t esz = size_of(dtype);
+    const std::size_t count = (4u << 20) / esz / static_cast<std::size_t>(std::max(1, n - 1)) + 1001;
+    std::vector<std::byte> send(count * esz), recv(count * esz);
+    visit_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* p = reinterpret_cast<T*>(send.data());
+      for (std::size_t i = 0; i < count; ++i) p[i] = to_dtype<T>(input_value(dtype, comm.rank(), i));
+    });
+    comm.all_reduce(send.data(), recv.data(), count, dtype, op, call("all_reduce"));
+    visit_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* p = reinterpret_cast<const T*>(recv.data());
+      for (std::size_t i = 0; i < count; i += 7) {
+        ASSERT_TRUE(same_bits(p[i], expected_value<T>(op, n, i, dtype)))
+            << "rank " << comm.rank() << " element " << i << " of " << count << " " << to_string(dtype);
+      }
+    });
+  }
+}
+
+// Blocks and payloads over 64 KiB do not fit in the header round: a second round moves them.
+TEST(MpiCommunicatorTest, LargeExchangeAndAllGatherTakeASecondRound) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  CollectiveCall tagged = call("exchange");
+  tagged.signature_tag = 0x5678;
+  const auto all = comm.exchange(std::string(70000 + static_cast<std::size_t>(comm.rank()), 'a' + static_cast<char>(comm.rank())),
+                                 tagged);
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(all[static_cast<std::size_t>(q)], std::string(70000 + static_cast<std::size_t>(q), 'a' + static_cast<char>(q)));
+  }
+  for (std::size_t outer : {std::size_t{1}, std::size_t{2}}) {
+    std::vector<std::size_t> counts;
+    for (int q = 0; q < n; ++q) counts.push_back(20000 + static_cast<std::size_t>(q));  // > 64 KiB of int32
+    std::vector<std::int32_t> send;
+    for (std::size_t o = 0; o < outer; ++o) {
+      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j) {
+        send.push_back(comm.rank() * 1000000 + static_cast<int>(o) * 100000 + static_cast<int>(j));
+      }
+    }
+    std::size_t row = 0;
+    for (std::size_t c : counts) row += c;
+    std::vector<std::int32_t> recv(outer * row, -1);
+    CollectiveCall gather = call("all_gather", 2);
+    gather.signature_tag = 0x9abc;
+    comm.all_gather_v(send.data(), recv.data(), counts, outer, DType::kInt32, gather);
+    std::size_t k = 0;
+    for (std::size_t o = 0; o < outer; ++o) {
+      for (int q = 0; q < n; ++q) {
+        for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
+          ASSERT_EQ(recv[k], q * 1000000 + static_cast<int>(o) * 100000 + static_cast<int>(j)) << "outer " << outer;
+        }
+      }
+    }
+  }
+}
 
 TEST(MpiCommunicatorTest, ResultsAreBitIdenticalAcrossRanks) {
   MpiCommunicator comm;
