@@ -212,7 +212,6 @@ class Strategy {
   // per worker process (this process is member workers->rank()); every
   // collective then spans all workers (see multi_worker_mirrored_strategy.h).
   void set_workers(Communicator* workers);
-  Communicator* workers() const;
 
  private:
   friend class StrategyExtended;

@@ -183,8 +183,6 @@ Strategy::~Strategy() = default;
 
 void Strategy::set_workers(Communicator* workers) { state_->workers = workers; }
 
-Communicator* Strategy::workers() const { return state_->workers; }
-
 std::string Strategy::describe() const {
   std::string s = std::string(name()) + "(" + std::to_string(num_replicas_in_sync_) +
                   (num_replicas_in_sync_ == 1 ? " replica" : " replicas");

@@ -93,6 +93,32 @@ TEST(MpiCommunicatorTest, LargeAllReduceScattersSlices) {
   }
 }
 
+// Rank q contributes `outer` rows of counts[q] values, each naming its rank,
+// row and position; checks that row o of the result is every rank's row o, in
+// rank order.
+void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& counts, std::size_t outer,
+                         const CollectiveCall& c) {
+  const auto value = [](int q, std::size_t o, std::size_t j) {
+    return q * 1000000 + static_cast<int>(o) * 100000 + static_cast<int>(j);
+  };
+  std::vector<std::int32_t> send;
+  for (std::size_t o = 0; o < outer; ++o) {
+    for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j) send.push_back(value(comm.rank(), o, j));
+  }
+  std::size_t row = 0;
+  for (std::size_t count : counts) row += count;
+  std::vector<std::int32_t> recv(outer * row, -1);
+  comm.all_gather_v(send.data(), recv.data(), counts, outer, DType::kInt32, c);
+  std::size_t k = 0;
+  for (std::size_t o = 0; o < outer; ++o) {
+    for (int q = 0; q < comm.size(); ++q) {
+      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
+        ASSERT_EQ(recv[k], value(q, o, j)) << "outer " << outer << ", rank " << q << ", position " << j;
+      }
+    }
+  }
+}
+
 // Blocks and payloads over 64 KiB do not fit in the header round: a second round moves them.
 TEST(MpiCommunicatorTest, LargeExchangeAndAllGatherTakeASecondRound) {
   MpiCommunicator comm;
@@ -105,30 +131,11 @@ TEST(MpiCommunicatorTest, LargeExchangeAndAllGatherTakeASecondRound) {
   for (int q = 0; q < n; ++q) {
     EXPECT_EQ(all[static_cast<std::size_t>(q)], std::string(70000 + static_cast<std::size_t>(q), 'a' + static_cast<char>(q)));
   }
-  for (std::size_t outer : {std::size_t{1}, std::size_t{2}}) {
-    std::vector<std::size_t> counts;
-    for (int q = 0; q < n; ++q) counts.push_back(20000 + static_cast<std::size_t>(q));  // > 64 KiB of int32
-    std::vector<std::int32_t> send;
-    for (std::size_t o = 0; o < outer; ++o) {
-      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j) {
-        send.push_back(comm.rank() * 1000000 + static_cast<int>(o) * 100000 + static_cast<int>(j));
-      }
-    }
-    std::size_t row = 0;
-    for (std::size_t c : counts) row += c;
-    std::vector<std::int32_t> recv(outer * row, -1);
-    CollectiveCall gather = call("all_gather", 2);
-    gather.signature_tag = 0x9abc;
-    comm.all_gather_v(send.data(), recv.data(), counts, outer, DType::kInt32, gather);
-    std::size_t k = 0;
-    for (std::size_t o = 0; o < outer; ++o) {
-      for (int q = 0; q < n; ++q) {
-        for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
-          ASSERT_EQ(recv[k], q * 1000000 + static_cast<int>(o) * 100000 + static_cast<int>(j)) << "outer " << outer;
-        }
-      }
-    }
-  }
+  std::vector<std::size_t> counts;
+  for (int q = 0; q < n; ++q) counts.push_back(20000 + static_cast<std::size_t>(q));  // > 64 KiB of int32
+  CollectiveCall gather = call("all_gather", 2);
+  gather.signature_tag = 0x9abc;
+  for (std::size_t outer : {std::size_t{1}, std::size_t{2}}) expect_all_gather_v(comm, counts, outer, gather);
 }
 
 TEST(MpiCommunicatorTest, ResultsAreBitIdenticalAcrossRanks) {
@@ -144,31 +151,9 @@ TEST(MpiCommunicatorTest, ResultsAreBitIdenticalAcrossRanks) {
 
 TEST(MpiCommunicatorTest, RaggedAllGatherWithOuterRows) {
   MpiCommunicator comm;
-  const int n = comm.size();
-  for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) {
-    std::vector<std::size_t> counts;
-    std::size_t row = 0;
-    for (int q = 0; q < n; ++q) {
-      counts.push_back(static_cast<std::size_t>(q) + 2);
-      row += counts.back();
-    }
-    std::vector<std::int32_t> send;
-    for (std::size_t o = 0; o < outer; ++o) {
-      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j) {
-        send.push_back(comm.rank() * 10000 + static_cast<int>(o) * 100 + static_cast<int>(j));
-      }
-    }
-    std::vector<std::int32_t> recv(outer * row, -1);
-    comm.all_gather_v(send.data(), recv.data(), counts, outer, DType::kInt32, call("all_gather"));
-    std::size_t k = 0;
-    for (std::size_t o = 0; o < outer; ++o) {
-      for (int q = 0; q < n; ++q) {
-        for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
-          ASSERT_EQ(recv[k], q * 10000 + static_cast<int>(o) * 100 + static_cast<int>(j)) << "outer " << outer;
-        }
-      }
-    }
-  }
+  std::vector<std::size_t> counts;
+  for (int q = 0; q < comm.size(); ++q) counts.push_back(static_cast<std::size_t>(q) + 2);
+  for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) expect_all_gather_v(comm, counts, outer, call("all_gather"));
 }
 
 TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {

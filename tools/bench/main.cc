@@ -33,7 +33,7 @@
 #include "distribute/distribute.h"
 #include "runtime/replica_channel.h"
 
-#ifdef DIST_BENCH_HAVE_MPI
+#ifdef DIST_HAVE_MPI
 #include <distribute/mpi.h>
 #endif
 
@@ -350,7 +350,7 @@ int run_batch(const Options& o) {
   return wrong == 0 ? 0 : 1;
 }
 
-#ifdef DIST_BENCH_HAVE_MPI
+#ifdef DIST_HAVE_MPI
 // ---- under an MPI launcher: MultiWorkerMirroredStrategy beside MPI itself ------------
 
 MPI_Datatype mpi_type(DType dtype) {
@@ -471,7 +471,7 @@ int run_multi_worker(const Options& o) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-#ifdef DIST_BENCH_HAVE_MPI
+#ifdef DIST_HAVE_MPI
   if (mpi::started_by_launcher()) return run_multi_worker(o);
 #endif
   if (o.batch > 0) return run_batch(o);

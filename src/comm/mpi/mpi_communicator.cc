@@ -263,8 +263,8 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std:
   header_out_ = Header{tag, size};
   header_in_.resize(kSlot * n);
   received_.assign(n, Received{});
-  std::vector<MPI_Request> requests;
-  requests.reserve(2 * n);
+  std::vector<MPI_Request>& requests = header_requests_;
+  requests.clear();
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     requests.emplace_back();
@@ -296,7 +296,8 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std:
           "MPI_Isend", call);
   }
   if (message != MPI_DATATYPE_NULL) MPI_Type_free(&message);  // freed by MPI when the sends are done
-  std::vector<MPI_Status> statuses(requests.size());
+  std::vector<MPI_Status>& statuses = header_statuses_;
+  statuses.resize(requests.size());
   wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, statuses.data());
   std::size_t r = 0;
   for (std::size_t q = 0; q < n; ++q) {

@@ -138,6 +138,8 @@ class MpiCommunicator final : public Communicator {
   std::array<std::byte, sizeof(Header) + kCopiedInlineBytes> small_out_{};  // header + a little data
   std::vector<std::byte> header_in_;   // every other rank's message, header + kInlineBytes each
   std::vector<Received> received_;
+  std::vector<MPI_Request> header_requests_;  // reused: the header round is every small call's path
+  std::vector<MPI_Status> header_statuses_;
   std::shared_ptr<std::byte> scratch_;
   std::size_t scratch_bytes_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
