@@ -28,3 +28,4 @@
 #include "distribute/replica_context.h"
 #include "distribute/strategy.h"
 #include "distribute/tensor.h"
+#include "distribute/variables.h"

@@ -34,9 +34,15 @@
 namespace distribute {
 
 class Strategy;
+class Variable;
 
 namespace internal {
 struct StrategyState;
+// Multi-worker strategies: replaces `value` (which must own its storage) on
+// every worker with worker 0's, after the workers agree on its dtype and
+// shape (a mismatch raises the same InvalidArgumentError on every worker).
+// One worker: does nothing.
+void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
 // The replica context of `s` if this thread is in s's replica mode (inside s.run), else nullptr.
 ReplicaContext* replica_context_of(const Strategy& s);
 }  // namespace internal
@@ -95,6 +101,11 @@ class StrategyExtended {
   // once per replica and component.
   template <class T, class Fn, class... Args>
   auto update(Mirrored<T>& var, Fn&& fn, const Args&... args);
+  // The same for a distributed variable (variables.h): fn(Tensor& component,
+  // select_replica(i, args)...) may write the component in place or replace
+  // it with a tensor of the same dtype and shape. Defined in variables.h.
+  template <class Fn, class... Args>
+  auto update(Variable& var, Fn&& fn, const Args&... args);
 
   // Runs fn once per local replica, as Strategy::run does (TensorFlow's V1
   // name); allowed inside merge_fn, where it runs a nested step.
@@ -216,6 +227,7 @@ class Strategy {
  private:
   friend class StrategyExtended;
   friend class ReplicaContext;
+  friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
   // Reduces one component per local replica (same dtype and shape, agreed by
   // every worker) across every replica in sync; MEAN divides by
   // `mean_divisor` (num_replicas_in_sync if 0).

@@ -162,6 +162,19 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
   return sigs;
 }
 
+void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api) {
+  StrategyState& st = *s.state_;
+  if (st.workers == nullptr || st.workers->size() == 1) return;
+  Signature sig;
+  sig.op = std::string(api);
+  sig.leaves.push_back({value.dtype(), value.shape().dims()});
+  std::lock_guard<std::recursive_mutex> lock(st.worker_mutex);
+  agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0);
+  const CollectiveCall call = worker_call(st, s.options_, api);
+  st.workers->broadcast(value.mutable_raw_data(), static_cast<std::size_t>(value.num_elements()), value.dtype(),
+                        /*root=*/0, call);
+}
+
 }  // namespace internal
 
 // ---- Strategy -------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -381,6 +382,51 @@ inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
   EXPECT_NE(message.find("same number of local replicas"), std::string::npos) << message;
 }
 
+// Variables: every worker starts from worker 0's initial value, replica
+// writes aggregate over every worker's replicas, and a SyncOnReadVariable's
+// cross-replica read reduces across workers.
+inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEnv& env) {
+  auto s = env.strategy();
+  const float n = static_cast<float>(env.replicas());
+  std::optional<MirroredVariable> sum, mean, first;
+  std::optional<SyncOnReadVariable> seen;
+  {
+    auto scope = s->scope();
+    // Each worker offers its rank: all must end up with worker 0's.
+    const Tensor offered = constant(static_cast<float>(env.worker));
+    sum.emplace(offered, VariableOptions{.name = "sum", .aggregation = VariableAggregation::kSum});
+    mean.emplace(offered, VariableOptions{.name = "mean", .aggregation = VariableAggregation::kMean});
+    first.emplace(offered, VariableOptions{.name = "first", .aggregation = VariableAggregation::kOnlyFirstReplica});
+    seen.emplace(constant(0.f), VariableOptions{.name = "seen", .aggregation = VariableAggregation::kSum});
+  }
+  for (const auto* v : {&*sum, &*mean, &*first}) {
+    for (const Tensor& c : v->values()) EXPECT_EQ(c.scalar<float>(), 0.f) << v->name();
+  }
+  s->run([&](ReplicaContext& ctx) {
+    const Tensor mine = constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1));
+    sum->assign_add(mine);
+    mean->assign_add(mine);
+    first->assign(mine);  // global replica 0's value, on every worker
+    seen->assign_add(mine);
+  });
+  for (const Tensor& c : sum->values()) EXPECT_EQ(c.scalar<float>(), n * (n + 1) / 2);
+  for (const Tensor& c : mean->values()) EXPECT_EQ(c.scalar<float>(), (n + 1) / 2);
+  for (const Tensor& c : first->values()) EXPECT_EQ(c.scalar<float>(), 1.f);
+  EXPECT_EQ(seen->read_value().scalar<float>(), n * (n + 1) / 2);  // a collective: every worker reads
+  // Workers creating variables of different shapes fail alike instead of waiting.
+  if (env.workers > 1) {
+    std::string message;
+    const std::string kind = error_kind(
+        [&] {
+          auto scope = s->scope();
+          MirroredVariable bad(fill(DType::kFloat32, Shape{env.worker == 0 ? 2 : 3}, 0));
+        },
+        &message);
+    EXPECT_EQ(kind, "InvalidArgumentError") << message;
+    EXPECT_NE(message.find("variable creation"), std::string::npos) << message;
+  }
+}
+
 // Every case, for the harnesses' TEST macros.
 #define DIST_MULTI_WORKER_CASES(X)              \
   X(IdsDevicesAndSeedExample)                   \
@@ -394,6 +440,7 @@ inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
   X(MismatchedShapesFailEverywhere)             \
   X(ReplicaThrowsAbortsEveryWorker)             \
   X(LateWorkerTimesOutEverywhere)               \
-  X(UnequalLocalReplicaCountsAreRejected)
+  X(UnequalLocalReplicaCountsAreRejected)      \
+  X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers)
 
 }  // namespace distribute::testing

@@ -1,0 +1,20 @@
+// Element-wise arithmetic on whole tensors, for variable writes and
+// optimizers: the few operations the library itself needs, not a tensor
+// algebra. Integers wrap (two's complement); float16 and bfloat16 compute in
+// float32 and round once.
+#pragma once
+
+#include "distribute/tensor.h"
+
+namespace distribute::internal {
+
+// dst += src and dst -= src, element by element. Same dtype and element
+// count (checked by the caller); bool is not numeric and is refused by callers.
+void add_into(const Tensor& dst, const Tensor& src);
+void sub_into(const Tensor& dst, const Tensor& src);
+// A new tensor: every element divided by `divisor`, computed in double and
+// converted back to t's dtype (integers truncate toward zero), as
+// TensorFlow's cast(t / n, dtype).
+Tensor divided(const Tensor& t, double divisor);
+
+}  // namespace distribute::internal

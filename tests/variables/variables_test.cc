@@ -1,0 +1,440 @@
+// Distributed variables: creation, reads and writes in every context, for
+// each synchronization and aggregation, against TensorFlow's rules.
+#include <distribute/distribute.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "testing/strategies.h"
+
+namespace distribute {
+namespace {
+
+using testing::expect_throw;
+using testing::mirrored;
+
+float f32(const Tensor& t) { return t.scalar<float>(); }
+
+// Every component of v, as floats.
+std::vector<float> components(const Variable& v) {
+  std::vector<float> out;
+  for (const Tensor& c : v.values()) out.push_back(f32(c));
+  return out;
+}
+
+// ---- creation -------------------------------------------------------------------
+
+TEST(VariableCreation, UnderScopeOneComponentPerReplicaOnItsDevice) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = mirrored(n);
+    auto scope = s->scope();
+    MirroredVariable w(constant({1.f, 2.f}), {.name = "w"});
+    ASSERT_EQ(w.size(), static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(w.values()[static_cast<std::size_t>(i)], constant({1.f, 2.f}));
+      EXPECT_EQ(w.values()[static_cast<std::size_t>(i)].device(), s->devices()[static_cast<std::size_t>(i)]);
+    }
+    // Components do not share storage: a write to one cannot leak into another.
+    if (n > 1) {
+      EXPECT_NE(w.values()[0].storage(), w.values()[1].storage());
+    }
+    EXPECT_EQ(&w.distribute_strategy(), s.get());
+    EXPECT_EQ(w.synchronization(), VariableSynchronization::kOnWrite);
+    EXPECT_TRUE(w.trainable());
+  }
+}
+
+TEST(VariableCreation, InitialValueIsCopied) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  Tensor init = constant(1.f);
+  MirroredVariable w(init);
+  init.mutable_flat<float>()[0] = 5.f;
+  EXPECT_EQ(components(w), (std::vector<float>{1.f, 1.f}));
+}
+
+TEST(VariableCreation, SynchronizationAndTrainableDefaultsFollowTensorFlow) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  Variable automatic(constant(0.f));
+  EXPECT_EQ(automatic.synchronization(), VariableSynchronization::kOnWrite);
+  Variable on_read(constant(0.f), {.synchronization = VariableSynchronization::kOnRead});
+  EXPECT_EQ(on_read.synchronization(), VariableSynchronization::kOnRead);
+  EXPECT_FALSE(on_read.trainable());
+  SyncOnReadVariable acc(constant(0.f));
+  EXPECT_EQ(acc.synchronization(), VariableSynchronization::kOnRead);
+  EXPECT_EQ(acc.aggregation(), VariableAggregation::kNone);
+}
+
+TEST(VariableCreation, RejectsWhatTensorFlowRejects) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  EXPECT_NE(expect_throw<InvalidArgumentError>([] {
+              Variable v(constant(1), {.aggregation = VariableAggregation::kMean});
+            }).find("aggregation=MEAN and a non-floating dtype"),
+            std::string::npos);
+  EXPECT_NE(expect_throw<InvalidArgumentError>([] {
+              Variable v(constant(1.f), {.name = "x", .synchronization = VariableSynchronization::kNone});
+            }).find("`NONE` variable synchronization mode is not supported with tf.distribute strategy. Please "
+                    "change the `synchronization` for variable: x"),
+            std::string::npos);
+  EXPECT_NE(expect_throw<InvalidArgumentError>([] {
+              SyncOnReadVariable v(constant(1.f), {.trainable = true});
+            }).find("ON_READ only for non-trainable variables"),
+            std::string::npos);
+  EXPECT_NE(expect_throw<InvalidArgumentError>([] {
+              MirroredVariable v(constant(1.f), {.synchronization = VariableSynchronization::kOnRead});
+            }).find("MirroredVariable 'Variable' needs synchronization ON_WRITE"),
+            std::string::npos);
+  EXPECT_NE(expect_throw<InvalidArgumentError>([] {
+              SyncOnReadVariable v(constant(1.f), {.synchronization = VariableSynchronization::kOnWrite});
+            }).find("needs synchronization ON_READ"),
+            std::string::npos);
+}
+
+TEST(VariableCreation, InsideRunIsRefused) {
+  auto s = mirrored(2);
+  const std::string msg = expect_throw<FailedPreconditionError>([&] {
+    s->run([] { Variable v(constant(1.f), {.name = "late"}); });
+  });
+  EXPECT_NE(msg.find("Variable 'late' was created inside Strategy::run"), std::string::npos) << msg;
+}
+
+TEST(VariableCreation, OutsideAnyScopeBelongsToTheDefaultStrategy) {
+  Variable v(constant(1.f), {.name = "plain", .aggregation = VariableAggregation::kMean});
+  EXPECT_TRUE(is_default_strategy(v.distribute_strategy()));
+  EXPECT_EQ(v.size(), 1u);
+  v.assign_add(constant(2.f));
+  EXPECT_EQ(f32(v.read_value()), 3.f);
+  EXPECT_EQ(v.repr(), "<tf.Variable 'plain:0' shape=() dtype=float32, numpy=3.0>");
+  // A default-strategy variable inside the default strategy's own run: one replica.
+  default_strategy().run([&] { v.assign_sub(constant(1.f)); });
+  EXPECT_EQ(f32(v.read_value()), 2.f);
+}
+
+TEST(VariablePrinting, ReprIsTensorFlows) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  MirroredVariable w(constant(1.f), {.name = "w"});
+  EXPECT_EQ(w.repr(),
+            "MirroredVariable:{\n"
+            "  0: <tf.Variable 'w:0' shape=() dtype=float32, numpy=1.0>,\n"
+            "  1: <tf.Variable 'w/replica_1:0' shape=() dtype=float32, numpy=1.0>\n"
+            "}");
+  SyncOnReadVariable a(constant({1, 2}), {.name = "a"});
+  EXPECT_EQ(a.repr().substr(0, 22), "SyncOnReadVariable:{\n ");
+  EXPECT_NE(a.repr().find("numpy=array([1, 2], dtype=int32)"), std::string::npos) << a.repr();
+}
+
+// ---- MirroredVariable -------------------------------------------------------------
+
+// Replica g writes (g + 1): the aggregate of every replica's value.
+struct AggregationCase {
+  VariableAggregation aggregation;
+  float (*expected_add)(int n);  // what assign_add of (g + 1) adds
+};
+
+TEST(MirroredVariableTest, ReplicaWritesAggregateThroughOneMergeCall) {
+  const AggregationCase cases[] = {
+      {VariableAggregation::kSum, [](int n) { return n * (n + 1) / 2.f; }},
+      {VariableAggregation::kMean, [](int n) { return (n + 1) / 2.f; }},
+      {VariableAggregation::kOnlyFirstReplica, [](int) { return 1.f; }},
+  };
+  for (int n : testing::kReplicaCounts) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE("replicas " + std::to_string(n) + ", aggregation " + std::string(to_string(c.aggregation)));
+      auto s = mirrored(n);
+      std::optional<MirroredVariable> w;
+      {
+        auto scope = s->scope();
+        w.emplace(constant(10.f), VariableOptions{.name = "w", .aggregation = c.aggregation});
+      }
+      auto seen = s->run([&](ReplicaContext& ctx) {
+        const float mine = static_cast<float>(ctx.replica_id_in_sync_group() + 1);
+        w->assign_add(constant(mine));
+        return w->read_value();  // after the merge_call: every replica sees the new value
+      });
+      const float want = 10.f + c.expected_add(n);
+      EXPECT_EQ(components(*w), std::vector<float>(static_cast<std::size_t>(n), want));
+      for (const Tensor& t : seen.values()) EXPECT_EQ(f32(t), want);
+      s->run([&](ReplicaContext& ctx) { w->assign_sub(constant(static_cast<float>(ctx.replica_id_in_sync_group()))); });
+      s->run([&](ReplicaContext& ctx) { w->assign(constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1))); });
+      EXPECT_EQ(components(*w), std::vector<float>(static_cast<std::size_t>(n), c.expected_add(n)));
+    }
+  }
+}
+
+TEST(MirroredVariableTest, IntegerSumWraps) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(2147483647), VariableOptions{.aggregation = VariableAggregation::kSum});
+  }
+  s->run([&] { w->assign_add(constant(1)); });
+  for (const Tensor& c : w->values()) EXPECT_EQ(c.scalar<int>(), -2147483647);
+}
+
+TEST(MirroredVariableTest, NoneAggregationInAReplicaIsAnErrorNotADrift) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(0.f), VariableOptions{.name = "w"});
+  }
+  const std::string msg = expect_throw<InvalidArgumentError>([&] {
+    s->run([&](ReplicaContext& ctx) { w->assign(constant(static_cast<float>(ctx.replica_id_in_sync_group()))); });
+  });
+  EXPECT_NE(msg.find("You must specify an aggregation method to update a MirroredVariable in Replica Context"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(components(*w), (std::vector<float>{0.f, 0.f}));
+}
+
+TEST(MirroredVariableTest, CrossReplicaWritesEveryComponentAndReadsThePrimary) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable w(constant(1.f));
+  w.assign(constant(4.f));
+  w.assign_add(constant(2.f));
+  w.assign_sub(constant(1.f));
+  EXPECT_EQ(components(w), (std::vector<float>{5.f, 5.f, 5.f}));
+  EXPECT_EQ(f32(w.read_value()), 5.f);
+}
+
+TEST(MirroredVariableTest, OutsideAnyScopeActsInItsStrategysCrossReplicaContext) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(1.f));
+  }
+  w->assign_add(constant(1.f));
+  EXPECT_EQ(components(*w), (std::vector<float>{2.f, 2.f}));
+}
+
+TEST(MirroredVariableTest, ReadValueIsASnapshotValueIsAView) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  MirroredVariable w(constant(1.f));
+  Tensor snapshot = w.read_value();
+  Tensor view = w.value();
+  w.assign(constant(7.f));
+  EXPECT_EQ(f32(snapshot), 1.f);
+  EXPECT_EQ(f32(view), 7.f);
+}
+
+TEST(MirroredVariableTest, WrongDtypeOrShapeIsRefusedOnEveryReplica) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant({1.f, 2.f}), VariableOptions{.name = "w", .aggregation = VariableAggregation::kSum});
+  }
+  std::string msg = expect_throw<InvalidArgumentError>([&] { s->run([&] { w->assign_add(constant({1.f})); }); });
+  EXPECT_NE(msg.find("assign_add to variable 'w' of float32(2,): the value is float32(1,)"), std::string::npos) << msg;
+  msg = expect_throw<InvalidArgumentError>([&] { w->assign(constant({1, 2})); });
+  EXPECT_NE(msg.find("the value is int32(2,)"), std::string::npos) << msg;
+  // Only replica 1 passes a bad value: replica 0, already in the merge_call, is released.
+  msg = expect_throw<InvalidArgumentError>([&] {
+    s->run([&](ReplicaContext& ctx) {
+      w->assign_add(ctx.replica_id_in_sync_group() == 1 ? constant({1.f, 2.f, 3.f}) : constant({1.f, 2.f}));
+    });
+  });
+  EXPECT_NE(msg.find("the value is float32(3,)"), std::string::npos) << msg;
+  EXPECT_EQ(w->values()[0], constant({1.f, 2.f}));
+}
+
+TEST(MirroredVariableTest, BoolHasNoArithmetic) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  MirroredVariable flag(constant(true));
+  flag.assign(constant(false));
+  EXPECT_FALSE(flag.read_value().scalar<bool>());
+  EXPECT_NE(expect_throw<InvalidArgumentError>([&] { flag.assign_add(constant(true)); }).find("bool is not a numeric"),
+            std::string::npos);
+}
+
+TEST(MirroredVariableTest, ReplicasWritingDifferentVariablesFailInsteadOfLosingAWrite) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> a;
+  std::optional<MirroredVariable> b;
+  {
+    auto scope = s->scope();
+    a.emplace(constant(0.f), VariableOptions{.name = "a", .aggregation = VariableAggregation::kSum});
+    b.emplace(constant(0.f), VariableOptions{.name = "b", .aggregation = VariableAggregation::kSum});
+  }
+  const std::string msg = expect_throw<InvalidArgumentError>([&] {
+    s->run([&](ReplicaContext& ctx) { (ctx.replica_id_in_sync_group() == 0 ? *a : *b).assign_add(constant(1.f)); });
+  });
+  EXPECT_NE(msg.find("replica 0 wrote 'a', replica 1 wrote 'b'"), std::string::npos) << msg;
+  EXPECT_EQ(components(*a), (std::vector<float>{0.f, 0.f}));
+  EXPECT_EQ(components(*b), (std::vector<float>{0.f, 0.f}));
+}
+
+TEST(MirroredVariableTest, ReplicasMakingDifferentWritesFail) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> a;
+  {
+    auto scope = s->scope();
+    a.emplace(constant(0.f), VariableOptions{.name = "a", .aggregation = VariableAggregation::kSum});
+  }
+  const std::string msg = expect_throw<InvalidArgumentError>([&] {
+    s->run([&](ReplicaContext& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0) {
+        a->assign_add(constant(1.f));
+      } else {
+        a->assign_sub(constant(1.f));
+      }
+    });
+  });
+  EXPECT_NE(msg.find("replica 0 called assign_add, replica 1 called assign_sub"), std::string::npos) << msg;
+}
+
+TEST(MirroredVariableTest, AnotherStrategysVariableIsRefused) {
+  auto s = mirrored(2);
+  auto t = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(0.f), VariableOptions{.name = "w", .aggregation = VariableAggregation::kSum});
+  }
+  std::string msg = expect_throw<FailedPreconditionError>([&] { t->run([&] { w->assign_add(constant(1.f)); }); });
+  EXPECT_NE(msg.find("Mixing different tf.distribute.Strategy objects"), std::string::npos) << msg;
+  msg = expect_throw<FailedPreconditionError>([&] {
+    auto scope = t->scope();
+    w->read_value();
+  });
+  EXPECT_NE(msg.find("variable 'w'"), std::string::npos) << msg;
+  Variable plain(constant(0.f), {.name = "plain"});
+  msg = expect_throw<FailedPreconditionError>([&] { s->run([&] { plain.read_value(); }); });
+  EXPECT_NE(msg.find("Mixing different tf.distribute.Strategy objects"), std::string::npos) << msg;
+}
+
+// ---- SyncOnReadVariable ------------------------------------------------------------
+
+TEST(SyncOnReadVariableTest, ReplicasWriteTheirOwnComponentCrossReplicaReadsAggregate) {
+  for (int n : testing::kReplicaCounts) {
+    SCOPED_TRACE("replicas " + std::to_string(n));
+    auto s = mirrored(n);
+    std::optional<SyncOnReadVariable> sum, mean, first, none;
+    {
+      auto scope = s->scope();
+      sum.emplace(constant(0.f), VariableOptions{.aggregation = VariableAggregation::kSum});
+      mean.emplace(constant(0.f), VariableOptions{.aggregation = VariableAggregation::kMean});
+      first.emplace(constant(0.f), VariableOptions{.aggregation = VariableAggregation::kOnlyFirstReplica});
+      none.emplace(constant(0.f), VariableOptions{.name = "none"});
+    }
+    auto local = s->run([&](ReplicaContext& ctx) {
+      const Tensor mine = constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1));
+      for (auto* v : {&*sum, &*mean, &*first, &*none}) v->assign_add(mine);
+      return sum->read_value();  // a replica reads its own component
+    });
+    for (int i = 0; i < n; ++i) EXPECT_EQ(f32(local.values()[static_cast<std::size_t>(i)]), i + 1.f);
+    EXPECT_EQ(f32(sum->read_value()), n * (n + 1) / 2.f);
+    EXPECT_EQ(f32(mean->read_value()), (n + 1) / 2.f);
+    EXPECT_EQ(f32(first->read_value()), 1.f);
+    const std::string msg = expect_throw<InvalidArgumentError>([&] { none->read_value(); });
+    EXPECT_NE(msg.find("Could not convert from `tf.VariableAggregation` VariableAggregation.NONE to`tf.distribute."
+                       "ReduceOp` type"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(SyncOnReadVariableTest, CrossReplicaAssignOfASumIsSpreadSoTheReadGivesItBack) {
+  auto s = mirrored(4);
+  auto scope = s->scope();
+  SyncOnReadVariable total(constant(0.f), {.aggregation = VariableAggregation::kSum});
+  total.assign(constant(10.f));
+  EXPECT_EQ(components(total), (std::vector<float>{2.5f, 2.5f, 2.5f, 2.5f}));
+  EXPECT_EQ(f32(total.read_value()), 10.f);
+  SyncOnReadVariable count(constant(0), {.aggregation = VariableAggregation::kSum});
+  count.assign(constant(10));  // integers truncate, as TensorFlow's cast(10 / 4)
+  EXPECT_EQ(count.values()[0].scalar<int>(), 2);
+  const std::string msg = expect_throw<InvalidArgumentError>([&] { total.assign_add(constant(1.f)); });
+  EXPECT_NE(msg.find("SyncOnReadVariable does not support `assign_add` in cross-replica context when aggregation is "
+                     "set to `tf.VariableAggregation.SUM`"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(expect_throw<InvalidArgumentError>([&] { total.assign_sub(constant(1.f)); }).find("`assign_sub`"),
+            std::string::npos);
+}
+
+TEST(SyncOnReadVariableTest, CrossReplicaWritesOfOtherAggregationsReachEveryComponent) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  SyncOnReadVariable mean(constant(1.f), {.aggregation = VariableAggregation::kMean});
+  mean.assign_add(constant(2.f));
+  EXPECT_EQ(components(mean), (std::vector<float>{3.f, 3.f}));
+  mean.assign(constant(5.f));
+  EXPECT_EQ(f32(mean.read_value()), 5.f);
+}
+
+// ---- extended().update -------------------------------------------------------------
+
+TEST(VariableUpdate, CrossReplicaFnRunsOncePerComponentWithItsShareOfTheArguments) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable w(constant(1.f));
+  PerReplica<Tensor> per({constant(10.f), constant(20.f), constant(30.f)});
+  int calls = 0;
+  s->extended().update(w, [&](Tensor& c, const Tensor& x) {
+    ++calls;
+    c.mutable_flat<float>()[0] += x.scalar<float>();
+    EXPECT_EQ(c.device(), internal::default_device());  // fn runs under the component's device
+  }, per);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(components(w), (std::vector<float>{11.f, 21.f, 31.f}));
+}
+
+TEST(VariableUpdate, InAReplicaOneMergeCallUpdatesEachComponentOnce) {
+  auto s = mirrored(4);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(0.f));
+  }
+  std::atomic<int> calls{0};
+  auto results = s->run([&](ReplicaContext& ctx) {
+    // Each replica passes its id: component i is updated with replica i's value.
+    return s->extended().update(
+        *w,
+        [&](Tensor& c, const Tensor& id) {
+          ++calls;
+          c = constant(id.scalar<float>() * 2.f);  // replacing the component is allowed
+          return c.scalar<float>();
+        },
+        constant(static_cast<float>(ctx.replica_id_in_sync_group())));
+  });
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_EQ(components(*w), (std::vector<float>{0.f, 2.f, 4.f, 6.f}));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(results.values()[static_cast<std::size_t>(i)].values(), (std::vector<float>{0.f, 2.f, 4.f, 6.f}));
+    EXPECT_EQ(w->values()[static_cast<std::size_t>(i)].device(), s->devices()[static_cast<std::size_t>(i)]);
+  }
+}
+
+TEST(VariableUpdate, AnFnThatChangesTheShapeIsRefused) {
+  auto s = mirrored(2);
+  auto scope = s->scope();
+  MirroredVariable w(constant({1.f, 2.f}), {.name = "w"});
+  const std::string msg = expect_throw<InvalidArgumentError>(
+      [&] { s->extended().update(w, [](Tensor& c) { c = constant(1.f); }); });
+  EXPECT_NE(msg.find("update of variable 'w' replaced component 0 (float32(2,)) with a tensor of float32()"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(w.values()[0].shape(), Shape({2}));
+}
+
+TEST(VariableAggregationTest, ConvertsToReduceOpAsTensorFlow) {
+  EXPECT_EQ(reduce_op_from_variable_aggregation(VariableAggregation::kSum), ReduceOp::kSum);
+  EXPECT_EQ(reduce_op_from_variable_aggregation(VariableAggregation::kMean), ReduceOp::kMean);
+  EXPECT_THROW(reduce_op_from_variable_aggregation(VariableAggregation::kOnlyFirstReplica), InvalidArgumentError);
+  EXPECT_EQ(to_string(VariableAggregation::kOnlyFirstReplica), "ONLY_FIRST_REPLICA");
+  EXPECT_EQ(to_string(VariableSynchronization::kOnRead), "ON_READ");
+}
+
+}  // namespace
+}  // namespace distribute
