@@ -23,6 +23,7 @@
 #include "distribute/mirrored_strategy.h"
 #include "distribute/multi_worker_mirrored_strategy.h"
 #include "distribute/nest.h"
+#include "distribute/optimizers.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
 #include "distribute/replica_context.h"

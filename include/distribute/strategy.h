@@ -233,11 +233,19 @@ class Strategy {
   // `mean_divisor` (num_replicas_in_sync if 0).
   Tensor reduce_components(ReduceOp op, const std::vector<Tensor>& components, const CommunicationOptions& options,
                            std::int64_t mean_divisor);
+  // The same for several values at once (values[k] holds value k's
+  // components): values of one dtype are packed by options.bytes_per_pack,
+  // so many small values cost one cross-worker collective per pack. The
+  // results are views into the packs' buffers, on the host device.
+  std::vector<Tensor> reduce_components_batch(ReduceOp op, const std::vector<const std::vector<Tensor>*>& values,
+                                              const CommunicationOptions& options, std::int64_t mean_divisor);
   Tensor reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes);
   // Checks the components of a cross-replica collective (count, dtype, shape);
   // with several workers, the workers then agree on them, so a bad argument
   // raises the same error on every worker instead of leaving the others waiting.
   void check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op);
+  // The same for several values in one agreement; messages name "value k".
+  void check_and_agree_batch(const std::vector<const std::vector<Tensor>*>& values, std::string_view api, ReduceOp op);
 
   std::vector<std::string> devices_;
   int num_replicas_in_sync_;

@@ -123,6 +123,9 @@ class Variable {
   // }
   std::string repr() const;
 
+  // Identifies the variable (all handles to it share it), e.g. as a map key.
+  const void* id() const { return state_.get(); }
+
   // Same variable (not same value).
   friend bool operator==(const Variable& a, const Variable& b) { return a.state_ == b.state_; }
 

@@ -15,6 +15,7 @@
 #include "core/storage.h"
 #include "distribute/mirrored_strategy.h"
 #include "runtime/mode.h"
+#include "runtime/packing.h"
 #include "runtime/replica_channel.h"
 #include "runtime/replica_pool.h"
 #include "runtime/runtime_util.h"
@@ -280,15 +281,24 @@ void check_same_dtype_and_shape(const std::vector<Tensor>& components, std::stri
 }  // namespace
 
 void Strategy::check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op) {
+  check_and_agree_batch({&components}, api, op);
+}
+
+void Strategy::check_and_agree_batch(const std::vector<const std::vector<Tensor>*>& values, std::string_view api,
+                                     ReduceOp op) {
   internal::Signature sig;
   sig.op = std::string(api);
-  sig.fields = {{"reduce op", std::string(to_string(op))}};
-  try {
-    internal::check_components(components.size(), *this, api);
-    check_same_dtype_and_shape(components, api, first_replica_id_);
-    sig.leaves.push_back({components[0].dtype(), components[0].shape().dims()});
-  } catch (const Error& e) {
-    sig.set_error(e);
+  sig.fields = {{"reduce op", std::string(to_string(op))}, {"values", std::to_string(values.size())}};
+  for (std::size_t k = 0; k < values.size(); ++k) {
+    const std::vector<Tensor>& components = *values[k];
+    try {
+      internal::check_components(components.size(), *this, api);
+      check_same_dtype_and_shape(components, api, first_replica_id_);
+      sig.leaves.push_back({components[0].dtype(), components[0].shape().dims()});
+    } catch (const Error& e) {
+      sig.set_error(values.size() == 1 ? e : Error(e.code(), "value " + std::to_string(k) + ": " + e.message()));
+      break;
+    }
   }
   std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
   internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kEqual, 0);
@@ -296,21 +306,44 @@ void Strategy::check_and_agree(const std::vector<Tensor>& components, std::strin
 
 Tensor Strategy::reduce_components(ReduceOp op, const std::vector<Tensor>& components,
                                    const CommunicationOptions& options, std::int64_t mean_divisor) {
-  const Tensor& first = components.front();
-  const auto count = static_cast<std::size_t>(first.num_elements());
+  return reduce_components_batch(op, {&components}, options, mean_divisor)[0];
+}
+
+std::vector<Tensor> Strategy::reduce_components_batch(ReduceOp op,
+                                                      const std::vector<const std::vector<Tensor>*>& values,
+                                                      const CommunicationOptions& options,
+                                                      std::int64_t mean_divisor) {
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : num_replicas_in_sync_;
   Communicator* workers = state_->workers;
   const bool across = workers != nullptr && workers->size() > 1;
-  Tensor out = Tensor::uninitialized(first.dtype(), first.shape(), kHostDevice);
-  std::vector<const void*> srcs;
-  for (const Tensor& t : components) srcs.push_back(t.raw_data());
   // Several workers: the local replicas first (MEAN as a SUM), then the workers, dividing once.
-  internal::reduce_sources(out.mutable_raw_data(), srcs, count, first.dtype(),
-                           across && op == ReduceOp::kMean ? ReduceOp::kSum : op, divisor);
-  if (across) {
-    std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
-    const CollectiveCall call = internal::worker_call(*state_, options, "reduce");
-    workers->all_reduce(out.raw_data(), out.mutable_raw_data(), count, first.dtype(), op, call, divisor);
+  const ReduceOp local_op = across && op == ReduceOp::kMean ? ReduceOp::kSum : op;
+  std::vector<Tensor> firsts;
+  firsts.reserve(values.size());
+  for (const auto* v : values) firsts.push_back(v->front());
+  std::vector<Tensor> out(values.size());
+  for (const internal::Pack& pack : internal::plan_packs(firsts, options.bytes_per_pack)) {
+    const std::size_t elem = size_of(pack.dtype);
+    Tensor buffer = Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count)}, kHostDevice);
+    auto* base = static_cast<std::byte*>(buffer.mutable_raw_data());
+    std::size_t offset = 0;
+    std::vector<const void*> srcs;
+    for (std::size_t leaf : pack.leaves) {
+      const std::vector<Tensor>& components = *values[leaf];
+      const auto count = static_cast<std::size_t>(components.front().num_elements());
+      srcs.clear();
+      for (const Tensor& t : components) srcs.push_back(t.raw_data());
+      internal::reduce_sources(base + offset * elem, srcs, count, pack.dtype, local_op, divisor);
+      // A view of the pack: no copy out.
+      out[leaf] = Tensor::from_shared(std::shared_ptr<std::byte>(buffer.storage(), base + offset * elem), pack.dtype,
+                                      components.front().shape(), kHostDevice);
+      offset += count;
+    }
+    if (across) {
+      std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+      const CollectiveCall call = internal::worker_call(*state_, options, "reduce");
+      workers->all_reduce(base, base, pack.count, pack.dtype, op, call, divisor);
+    }
   }
   return out;
 }
@@ -479,9 +512,13 @@ Destinations Destinations::of_devices(const std::vector<std::string>& devices) {
 }
 
 namespace {
-Mirrored<Tensor> place_on(const Tensor& value, const Destinations& destinations) {
+// One copy of `value` per destination device. A `fresh` value (a result
+// nobody else holds) is moved into the first destination instead of copied.
+Mirrored<Tensor> place_on(const Tensor& value, const Destinations& destinations, bool fresh = false) {
   std::vector<Tensor> copies;
-  for (const auto& device : destinations.devices()) copies.push_back(value.clone().with_device(device));
+  for (const auto& device : destinations.devices()) {
+    copies.push_back((fresh && copies.empty() ? value : value.clone()).with_device(device));
+  }
   return Mirrored<Tensor>(std::move(copies));
 }
 }  // namespace
@@ -493,7 +530,7 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const PerReplica<Tenso
   merged.validate();
   std::lock_guard<std::recursive_mutex> lock(strategy_->state_->worker_mutex);
   strategy_->check_and_agree(value.values(), "reduce_to", op);
-  return place_on(strategy_->reduce_components(op, value.values(), merged, 0), destinations);
+  return place_on(strategy_->reduce_components(op, value.values(), merged, 0), destinations, /*fresh=*/true);
 }
 
 Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Mirrored<Tensor>& value,
@@ -516,10 +553,21 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Tensor& value, c
 std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
     ReduceOp op, const std::vector<std::pair<PerReplica<Tensor>, Destinations>>& value_destination_pairs,
     const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("batch_reduce_to");
+  const CommunicationOptions merged = strategy_->options_.merge(options);
+  merged.validate();
   std::vector<Mirrored<Tensor>> out;
-  out.reserve(value_destination_pairs.size());
-  for (const auto& [value, destinations] : value_destination_pairs) {
-    out.push_back(reduce_to(op, value, destinations, options));
+  if (value_destination_pairs.empty()) return out;
+  std::vector<const std::vector<Tensor>*> values;
+  values.reserve(value_destination_pairs.size());
+  for (const auto& pair : value_destination_pairs) values.push_back(&pair.first.values());
+  // One agreement and one reduction per pack, for the whole batch.
+  std::lock_guard<std::recursive_mutex> lock(strategy_->state_->worker_mutex);
+  strategy_->check_and_agree_batch(values, "batch_reduce_to", op);
+  std::vector<Tensor> reduced = strategy_->reduce_components_batch(op, values, merged, 0);
+  out.reserve(reduced.size());
+  for (std::size_t k = 0; k < reduced.size(); ++k) {
+    out.push_back(place_on(reduced[k], value_destination_pairs[k].second, /*fresh=*/true));
   }
   return out;
 }

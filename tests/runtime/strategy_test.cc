@@ -286,6 +286,42 @@ TEST(ExtendedTest, BatchReduceToKeepsOrder) {
   EXPECT_EQ(out[1][0].device(), "/job:localhost/replica:0/task:0/device:CPU:1");
 }
 
+// Packed: every pack size and dtype mix gives what one reduce_to per value gives.
+TEST(ExtendedTest, BatchReduceToPacksLikeSeparateReduceTo) {
+  for (int n : {1, 3}) {
+    auto s = testing::mirrored(n);
+    std::vector<std::pair<PerReplica<Tensor>, Destinations>> pairs;
+    for (int k = 0; k < 23; ++k) {
+      std::vector<Tensor> comps;
+      const DType dtype = k % 3 == 0 ? DType::kInt32 : (k % 3 == 1 ? DType::kFloat32 : DType::kFloat64);
+      for (int r = 0; r < n; ++r) comps.push_back(iota(dtype, Shape{k % 5, 3}, r * 7 + k));
+      pairs.emplace_back(PerReplica<Tensor>(comps), Destinations("CPU:0"));
+    }
+    for (std::int64_t bytes : {0, 1, 40, 100, 1 << 20}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+        auto batch = s->extended().batch_reduce_to(op, pairs, {.bytes_per_pack = bytes});
+        ASSERT_EQ(batch.size(), pairs.size());
+        for (std::size_t k = 0; k < pairs.size(); ++k) {
+          const Tensor want = s->extended().reduce_to(op, pairs[k].first, "CPU:0")[0];
+          EXPECT_EQ(batch[k][0], want) << "value " << k << ", bytes_per_pack " << bytes << ", op " << to_string(op);
+          EXPECT_EQ(batch[k][0].device(), want.device());
+        }
+      }
+    }
+  }
+}
+
+TEST(ExtendedTest, BatchReduceToNamesTheBadValue) {
+  auto s = testing::mirrored(2);
+  auto good = per_replica({constant(1.f), constant(2.f)});
+  auto bad = per_replica({constant({1.f}), constant({1.f, 2.f})});
+  const std::string msg = testing::expect_throw<InvalidArgumentError>(
+      [&] { s->extended().batch_reduce_to(ReduceOp::kSum, {{good, "CPU:0"}, {bad, "CPU:0"}}); });
+  EXPECT_NE(msg.find("value 1: batch_reduce_to: the components must have the same dtype and shape"), std::string::npos)
+      << msg;
+  EXPECT_TRUE(s->extended().batch_reduce_to(ReduceOp::kSum, {}).empty());
+}
+
 TEST(ExtendedTest, BroadcastToEveryDevice) {
   auto s = testing::mirrored(3);
   auto m = s->extended().broadcast_to(constant({1, 2}));

@@ -427,6 +427,31 @@ inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEn
   }
 }
 
+// An optimizer step across workers equals the same step on one process with
+// as many replicas: gradients summed over every worker's replicas, once.
+inline void OptimizerStepsMatchTheSingleProcessStrategy(const WorkerEnv& env) {
+  auto train = [&](Strategy& s) {
+    std::optional<MirroredVariable> w;
+    {
+      auto scope = s.scope();
+      w.emplace(constant({1.f, -2.f, 4.f}), VariableOptions{.name = "w"});
+    }
+    Adam adam({.learning_rate = 0.125});
+    for (int step = 0; step < 3; ++step) {
+      s.run([&](ReplicaContext& ctx) {
+        const float g = static_cast<float>((ctx.replica_id_in_sync_group() + 1) * (step + 1));
+        adam.apply_gradients({{constant({g, -g, 0.5f * g}), *w}}, {.bytes_per_pack = 4});
+      });
+    }
+    EXPECT_EQ(adam.iterations(), 3);
+    return w->values();
+  };
+  auto s = env.strategy();
+  const std::vector<Tensor> got = train(*s);
+  const std::vector<Tensor> want = train(*mirrored(env.replicas()));
+  for (const Tensor& c : got) EXPECT_TRUE(identical(c, want[0])) << c.repr() << " vs " << want[0].repr();
+}
+
 // Every case, for the harnesses' TEST macros.
 #define DIST_MULTI_WORKER_CASES(X)              \
   X(IdsDevicesAndSeedExample)                   \
@@ -441,6 +466,7 @@ inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEn
   X(ReplicaThrowsAbortsEveryWorker)             \
   X(LateWorkerTimesOutEverywhere)               \
   X(UnequalLocalReplicaCountsAreRejected)      \
-  X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers)
+  X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
+  X(OptimizerStepsMatchTheSingleProcessStrategy)
 
 }  // namespace distribute::testing

@@ -1,0 +1,207 @@
+#include "distribute/optimizers.h"
+
+#include <cmath>
+#include <string>
+
+#include "distribute/context.h"
+#include "distribute/replica_context.h"
+
+namespace distribute {
+
+namespace {
+
+bool finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
+
+std::string describe(const Tensor& t) { return std::string(to_string(t.dtype())) + t.shape().to_string(); }
+
+// The checks a replica can make on its own arguments before the merge_call.
+void check_pairs(const std::vector<GradientAndVariable>& grads_and_vars, const Strategy& strategy) {
+  if (grads_and_vars.empty()) throw InvalidArgumentError("No gradients provided for any variable.");
+  for (std::size_t k = 0; k < grads_and_vars.size(); ++k) {
+    const auto& [grad, var] = grads_and_vars[k];
+    var.check_strategy(strategy, "apply_gradients");
+    if (var.dtype() != DType::kFloat32 && var.dtype() != DType::kFloat64) {
+      throw InvalidArgumentError("apply_gradients: variable '" + var.name() + "' has dtype " +
+                                 std::string(to_string(var.dtype())) + "; optimizers update float32 and float64 "
+                                 "variables");
+    }
+    if (grad.dtype() != var.dtype() || grad.shape() != var.shape()) {
+      throw InvalidArgumentError("apply_gradients: gradient " + std::to_string(k) + " for variable '" + var.name() +
+                                 "' (" + std::string(to_string(var.dtype())) + var.shape().to_string() + ") is " +
+                                 describe(grad));
+    }
+  }
+}
+
+// The merge_fn side: every replica passed the same variables in the same order.
+void check_same_variables(const PerReplica<std::vector<GradientAndVariable>>& per, const Strategy& s) {
+  const auto& first = per.primary();
+  for (std::size_t r = 1; r < per.size(); ++r) {
+    const auto& other = per.values()[r];
+    const std::string who = "replica " + std::to_string(s.first_replica_id() + static_cast<int>(r));
+    if (other.size() != first.size()) {
+      throw InvalidArgumentError("apply_gradients: replica " + std::to_string(s.first_replica_id()) + " passed " +
+                                 std::to_string(first.size()) + " variables, " + who + " passed " +
+                                 std::to_string(other.size()));
+    }
+    for (std::size_t k = 0; k < first.size(); ++k) {
+      if (!(other[k].second == first[k].second)) {
+        throw InvalidArgumentError("apply_gradients: variable " + std::to_string(k) + " is '" +
+                                   first[k].second.name() + "' on replica " + std::to_string(s.first_replica_id()) +
+                                   " but '" + other[k].second.name() + "' on " + who);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
+                                const CommunicationOptions& options) {
+  ReplicaContext* ctx = get_replica_context();
+  if (ctx == nullptr) {
+    throw FailedPreconditionError("`apply_gradients()` cannot be called in cross-replica context. Use "
+                                  "`tf.distribute.Strategy.run` to enter replica context.");
+  }
+  check_pairs(grads_and_vars, ctx->strategy());
+  ctx->merge_call(
+      [this, &options](Strategy& s, const PerReplica<std::vector<GradientAndVariable>>& per) {
+        check_same_variables(per, s);
+        const auto& pairs = per.primary();
+        // One batched SUM of every variable's gradients across every replica in sync.
+        std::vector<std::pair<PerReplica<Tensor>, Destinations>> batch;
+        batch.reserve(pairs.size());
+        for (std::size_t k = 0; k < pairs.size(); ++k) {
+          std::vector<Tensor> grads;
+          grads.reserve(per.size());
+          for (const auto& replica_pairs : per.values()) grads.push_back(replica_pairs[k].first);
+          batch.emplace_back(PerReplica<Tensor>(std::move(grads)), Destinations(pairs[k].second.values()[0].device()));
+        }
+        const std::vector<Mirrored<Tensor>> summed = s.extended().batch_reduce_to(ReduceOp::kSum, batch, options);
+        const std::int64_t step = iterations_ + 1;
+        // One update per variable: each component once, with the summed gradient.
+        for (std::size_t k = 0; k < pairs.size(); ++k) {
+          Variable var = pairs[k].second;
+          Slots& slots = slots_of(var);
+          std::vector<Tensor> slot_components(slots.slots.size());
+          for (std::size_t i = 0; i < var.size(); ++i) {
+            for (std::size_t j = 0; j < slots.slots.size(); ++j) slot_components[j] = slots.slots[j].values()[i];
+            apply_dense(var.mutable_component(i), summed[k].primary(), slot_components, step);
+          }
+        }
+        iterations_ = step;
+      },
+      grads_and_vars);
+}
+
+Optimizer::Slots& Optimizer::slots_of(const Variable& var) {
+  auto it = slots_.find(var.id());
+  if (it != slots_.end()) return *it->second;
+  auto made = std::make_unique<Slots>(Slots{var, {}});
+  for (const std::string& slot : slot_names()) {
+    made->slots.emplace_back(Tensor(var.dtype(), var.shape()),
+                             VariableOptions{.name = var.name() + "/" + slot, .trainable = false});
+  }
+  return *slots_.emplace(var.id(), std::move(made)).first->second;
+}
+
+Variable Optimizer::get_slot(const Variable& var, std::string_view slot) const {
+  const auto names = slot_names();
+  auto it = slots_.find(var.id());
+  for (std::size_t j = 0; j < names.size() && it != slots_.end(); ++j) {
+    if (names[j] == slot) return it->second->slots[j];
+  }
+  throw NotFoundError(std::string(name()) + " has no slot '" + std::string(slot) + "' for variable '" + var.name() +
+                      "'" + (it == slots_.end() ? " (it has not updated that variable yet)" : ""));
+}
+
+// ---- SGD ----------------------------------------------------------------------
+
+SGD::SGD(Options options) : options_(options) {
+  if (!std::isfinite(options_.learning_rate)) throw InvalidArgumentError("SGD: learning_rate must be finite");
+  if (!finite_in(options_.momentum, 0, 1)) {
+    throw InvalidArgumentError("`momentum` must be between [0, 1]. Received: momentum=" +
+                               std::to_string(options_.momentum));
+  }
+}
+
+std::vector<std::string> SGD::slot_names() const {
+  if (options_.momentum == 0) return {};
+  return {"momentum"};
+}
+
+namespace {
+template <class T>
+void sgd_kernel(T* w, const T* g, T* accum, std::size_t n, T lr, T momentum, bool nesterov) {
+  if (accum == nullptr) {
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const T a = accum[i] * momentum - lr * g[i];
+    accum[i] = a;
+    w[i] += nesterov ? a * momentum - lr * g[i] : a;
+  }
+}
+
+template <class T>
+void adam_kernel(T* w, const T* g, T* m, T* v, std::size_t n, T alpha, T beta_1, T beta_2, T epsilon) {
+  const T one = 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    m[i] += (g[i] - m[i]) * (one - beta_1);
+    v[i] += (g[i] * g[i] - v[i]) * (one - beta_2);
+    w[i] -= alpha * m[i] / (std::sqrt(v[i]) + epsilon);
+  }
+}
+
+template <class F>
+void float_types(DType dtype, F&& f) {
+  if (dtype == DType::kFloat32) {
+    f(float{});
+  } else {
+    f(double{});
+  }
+}
+}  // namespace
+
+void SGD::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t) const {
+  float_types(var.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    sgd_kernel<T>(var.mutable_flat<T>().data(), grad.flat<T>().data(),
+                  slots.empty() ? nullptr : slots[0].mutable_flat<T>().data(),
+                  static_cast<std::size_t>(var.num_elements()), static_cast<T>(options_.learning_rate),
+                  static_cast<T>(options_.momentum), options_.nesterov);
+  });
+}
+
+// ---- Adam ---------------------------------------------------------------------
+
+Adam::Adam(Options options) : options_(options) {
+  if (!std::isfinite(options_.learning_rate)) throw InvalidArgumentError("Adam: learning_rate must be finite");
+  if (!finite_in(options_.beta_1, 0, 1) || options_.beta_1 == 1 || !finite_in(options_.beta_2, 0, 1) ||
+      options_.beta_2 == 1) {
+    throw InvalidArgumentError("Adam: beta_1 and beta_2 must be in [0, 1); got " + std::to_string(options_.beta_1) +
+                               " and " + std::to_string(options_.beta_2));
+  }
+  if (!finite_in(options_.epsilon, 0, 1e300)) throw InvalidArgumentError("Adam: epsilon must be >= 0 and finite");
+}
+
+std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
+
+void Adam::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots,
+                       std::int64_t step) const {
+  const double t = static_cast<double>(step);
+  const double alpha = options_.learning_rate * std::sqrt(1 - std::pow(options_.beta_2, t)) /
+                       (1 - std::pow(options_.beta_1, t));
+  float_types(var.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    adam_kernel<T>(var.mutable_flat<T>().data(), grad.flat<T>().data(), slots[0].mutable_flat<T>().data(),
+                   slots[1].mutable_flat<T>().data(), static_cast<std::size_t>(var.num_elements()),
+                   static_cast<T>(alpha), static_cast<T>(options_.beta_1), static_cast<T>(options_.beta_2),
+                   static_cast<T>(options_.epsilon));
+  });
+}
+
+}  // namespace distribute
