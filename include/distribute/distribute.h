@@ -20,6 +20,7 @@
 #include "distribute/dtype.h"
 #include "distribute/errors.h"
 #include "distribute/indexed_slices.h"
+#include "distribute/input.h"
 #include "distribute/mirrored_strategy.h"
 #include "distribute/multi_worker_mirrored_strategy.h"
 #include "distribute/nest.h"

@@ -26,6 +26,7 @@
 #include "distribute/context.h"
 #include "distribute/distributed_values.h"
 #include "distribute/indexed_slices.h"
+#include "distribute/input.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
 #include "distribute/replica_context.h"
@@ -43,6 +44,9 @@ struct StrategyState;
 // shape (a mismatch raises the same InvalidArgumentError on every worker).
 // One worker: does nothing.
 void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
+// Multi-worker strategies: every worker's `payload`, in worker order (a
+// collective). One worker: {payload}.
+std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api);
 // The replica context of `s` if this thread is in s's replica mode (inside s.run), else nullptr.
 ReplicaContext* replica_context_of(const Strategy& s);
 }  // namespace internal
@@ -186,6 +190,25 @@ class Strategy {
   // A non-distributed value (see reduce_to for the rules).
   Tensor reduce(ReduceOp op, const Tensor& value, std::optional<int> axis);
 
+  // ---- input (input.h) ----------------------------------------------------
+  // One value per local replica: fn(ValueContext(global replica id,
+  // num_replicas_in_sync)) under that replica's device. Returns PerReplica<R>.
+  template <class Fn>
+  auto experimental_distribute_values_from_function(Fn&& fn);
+  // Splits each global batch of `global_batches` across every replica in
+  // sync, along the batch dimension, as TensorFlow rebatches: replica g gets
+  // floor(G / N) rows, plus one for the first G mod N replicas (G the
+  // global batch size, N the replicas in sync), in replica order. A shorter
+  // (last) batch fills the replicas in order, so later ones may get fewer
+  // rows or none. Under several workers every worker must produce the same
+  // global batches (the same seed) and keeps its own replicas' rows.
+  DistributedDataset experimental_distribute_dataset(BatchFn global_batches, std::int64_t global_batch_size);
+  // Calls dataset_fn once for this worker's input pipeline, with
+  // InputContext(num workers, this worker, num_replicas_in_sync); each step
+  // every local replica takes the next batch of that source, in replica
+  // order. The function shards and batches itself (per-replica batches).
+  DistributedDataset distribute_datasets_from_function(const std::function<BatchFn(const InputContext&)>& dataset_fn);
+
   // Concatenates every replica's component along `axis` (ragged allowed).
   Tensor gather(const PerReplica<Tensor>& value, int axis);
   // A non-distributed value is returned as it is.
@@ -228,6 +251,8 @@ class Strategy {
   friend class StrategyExtended;
   friend class ReplicaContext;
   friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
+  friend std::vector<std::string> internal::exchange_across_workers(Strategy& s, std::string payload,
+                                                                    std::string_view api);
   // Reduces one component per local replica (same dtype and shape, agreed by
   // every worker) across every replica in sync; MEAN divides by
   // `mean_divisor` (num_replicas_in_sync if 0).
@@ -256,6 +281,18 @@ class Strategy {
 };
 
 // ---- templates ----------------------------------------------------------------
+
+template <class Fn>
+auto Strategy::experimental_distribute_values_from_function(Fn&& fn) {
+  using R = std::decay_t<std::invoke_result_t<Fn&, const ValueContext&>>;
+  std::vector<R> values;
+  values.reserve(devices_.size());
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    internal::DeviceScope device(devices_[i]);
+    values.push_back(fn(ValueContext(first_replica_id_ + static_cast<int>(i), num_replicas_in_sync_)));
+  }
+  return PerReplica<R>(std::move(values));
+}
 
 namespace internal {
 template <class Fn, class... Args>

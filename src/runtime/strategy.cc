@@ -176,6 +176,18 @@ void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view ap
                         /*root=*/0, call);
 }
 
+std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api) {
+  StrategyState& st = *s.state_;
+  if (st.workers == nullptr || st.workers->size() == 1) return {std::move(payload)};
+  std::lock_guard<std::recursive_mutex> lock(st.worker_mutex);
+  // First agree that every worker is in this call (else the usual mismatch
+  // error on every worker), then exchange.
+  Signature sig;
+  sig.op = std::string(api);
+  agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0);
+  return st.workers->exchange(std::move(payload), worker_call(st, s.options_, api));
+}
+
 }  // namespace internal
 
 // ---- Strategy -------------------------------------------------------------------

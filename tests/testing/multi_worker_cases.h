@@ -452,6 +452,56 @@ inline void OptimizerStepsMatchTheSingleProcessStrategy(const WorkerEnv& env) {
   for (const Tensor& c : got) EXPECT_TRUE(identical(c, want[0])) << c.repr() << " vs " << want[0].repr();
 }
 
+// Input across workers: a global batch is split over every worker's replicas
+// exactly as one process with as many replicas splits it, and pipelines that
+// run dry at different steps end together.
+inline void DatasetsSplitAcrossWorkersAndEndTogether(const WorkerEnv& env) {
+  auto s = env.strategy();
+  auto global_batches = [] {
+    auto next = std::make_shared<int>(0);
+    return BatchFn([next]() -> std::optional<Nest<Tensor>> {
+      if (*next == 3) return std::nullopt;
+      const std::int64_t rows = *next == 2 ? 4 : 7;  // the last batch is short
+      return Nest<Tensor>(iota(DType::kInt32, Shape{rows}, 100 * (*next)++));
+    });
+  };
+  auto reference = mirrored(env.replicas());
+  DistributedDataset want = reference->experimental_distribute_dataset(global_batches(), 7);
+  int steps = 0;
+  for (const auto& got : s->experimental_distribute_dataset(global_batches(), 7)) {
+    const auto expected = want.get_next();
+    ASSERT_TRUE(expected);
+    for (int i = 0; i < s->num_local_replicas(); ++i) {
+      EXPECT_EQ(got[static_cast<std::size_t>(i)].leaf(),
+                (*expected)[static_cast<std::size_t>(s->first_replica_id() + i)].leaf())
+          << "step " << steps << ", replica " << s->first_replica_id() + i;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3);
+  // Worker w's pipeline has w + 1 per-replica batches per local replica: the
+  // workers that run dry give empty batches until the last one is done.
+  int pipeline_id = -1;
+  DistributedDataset pipelines = s->distribute_datasets_from_function([&](const InputContext& ctx) {
+    pipeline_id = ctx.input_pipeline_id();
+    EXPECT_EQ(ctx.num_input_pipelines(), env.workers);
+    auto left = std::make_shared<int>((ctx.input_pipeline_id() + 1) * env.local_replicas);
+    return BatchFn([left]() -> std::optional<Nest<Tensor>> {
+      if (*left == 0) return std::nullopt;
+      --*left;
+      return Nest<Tensor>(constant({1.f, 2.f}));
+    });
+  });
+  EXPECT_EQ(pipeline_id, env.worker);
+  int pipeline_steps = 0;
+  for (const auto& step : pipelines) {
+    const std::int64_t rows = step[0].leaf().shape()[0];
+    EXPECT_EQ(rows, pipeline_steps <= env.worker ? 2 : 0) << "step " << pipeline_steps;
+    ++pipeline_steps;
+  }
+  EXPECT_EQ(pipeline_steps, env.workers);
+}
+
 // Every case, for the harnesses' TEST macros.
 #define DIST_MULTI_WORKER_CASES(X)              \
   X(IdsDevicesAndSeedExample)                   \
@@ -467,6 +517,7 @@ inline void OptimizerStepsMatchTheSingleProcessStrategy(const WorkerEnv& env) {
   X(LateWorkerTimesOutEverywhere)               \
   X(UnequalLocalReplicaCountsAreRejected)      \
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
-  X(OptimizerStepsMatchTheSingleProcessStrategy)
+  X(OptimizerStepsMatchTheSingleProcessStrategy)  \
+  X(DatasetsSplitAcrossWorkersAndEndTogether)
 
 }  // namespace distribute::testing

@@ -1,0 +1,113 @@
+// File: input.h
+//
+// Distributed input, as tf.distribute's: per-replica values from a function
+// (Strategy::experimental_distribute_values_from_function with a
+// ValueContext), and datasets whose batches are split across the replicas
+// of every worker (Strategy::experimental_distribute_dataset), or made per
+// input pipeline (Strategy::distribute_datasets_from_function with an
+// InputContext).
+//
+//   // A source of global batches: {images, labels}, batch dimension first.
+//   BatchFn batches = [&]() -> std::optional<Nest<Tensor>> { ... return std::nullopt at the end; };
+//   DistributedDataset dataset = strategy.experimental_distribute_dataset(batches, /*global_batch_size=*/256);
+//   for (const PerReplica<Nest<Tensor>>& batch : dataset) {
+//     strategy.run([&](ReplicaContext& ctx, const Nest<Tensor>& mine) { ... }, batch);
+//   }
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distribute/distributed_values.h"
+#include "distribute/nest.h"
+#include "distribute/tensor.h"
+
+namespace distribute {
+
+class Strategy;
+
+// tf.distribute.experimental.ValueContext: what a value function knows of
+// the replica it makes a value for.
+class ValueContext {
+ public:
+  explicit ValueContext(int replica_id_in_sync_group = 0, int num_replicas_in_sync = 1);
+  int replica_id_in_sync_group() const { return replica_id_; }
+  int num_replicas_in_sync() const { return num_replicas_; }
+  // TensorFlow's str(): "tf.distribute.ValueContext(replica id 1,  total replicas in sync: 2)".
+  std::string to_string() const;
+
+ private:
+  int replica_id_;
+  int num_replicas_;
+};
+
+// tf.distribute.InputContext: what an input function knows of its pipeline
+// (one pipeline per worker).
+class InputContext {
+ public:
+  // Counts must be >= 1 and the id in [0, num_input_pipelines).
+  explicit InputContext(int num_input_pipelines = 1, int input_pipeline_id = 0, int num_replicas_in_sync = 1);
+  int num_input_pipelines() const { return num_input_pipelines_; }
+  int input_pipeline_id() const { return input_pipeline_id_; }
+  int num_replicas_in_sync() const { return num_replicas_in_sync_; }
+  // global_batch_size / num_replicas_in_sync; InvalidArgumentError if it does
+  // not divide ("The `global_batch_size` 10 is not divisible by
+  // `num_replicas_in_sync` 4 ").
+  std::int64_t get_per_replica_batch_size(std::int64_t global_batch_size) const;
+  // "tf.distribute.InputContext(input pipeline id 0, total: 2)".
+  std::string to_string() const;
+
+ private:
+  int num_input_pipelines_;
+  int input_pipeline_id_;
+  int num_replicas_in_sync_;
+};
+
+// A dataset: each call returns the next batch (a nest of tensors whose
+// leaves share their first dimension, the batch dimension), or nullopt once
+// the data is exhausted.
+using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
+
+// What Strategy::experimental_distribute_dataset and
+// distribute_datasets_from_function return: each get_next() gives every
+// local replica its batch for one step. Under several workers get_next() is
+// a collective (every worker calls it once per step): the workers agree
+// that data remains, so the last step ends on every worker together rather
+// than leaving one waiting in a collective. Not thread-safe.
+class DistributedDataset {
+ public:
+  // The next step's batches, one per local replica, or nullopt once no
+  // worker has data left. A replica with no rows left in a partial last
+  // batch gets an empty batch (first dimension 0) of the same structure.
+  std::optional<PerReplica<Nest<Tensor>>> get_next();
+
+  // Range-for over the remaining steps.
+  class iterator {
+   public:
+    using value_type = PerReplica<Nest<Tensor>>;
+    const value_type& operator*() const { return *current_; }
+    iterator& operator++();
+    bool operator==(const iterator& other) const { return !current_ && !other.current_; }
+
+   private:
+    friend class DistributedDataset;
+    explicit iterator(DistributedDataset* dataset);
+    DistributedDataset* dataset_ = nullptr;
+    std::optional<value_type> current_;
+  };
+  iterator begin() { return iterator(this); }
+  iterator end() { return iterator(nullptr); }
+
+  // ---- for the runtime ---------------------------------------------------
+  struct Source;
+  explicit DistributedDataset(std::shared_ptr<Source> source) : source_(std::move(source)) {}
+
+ private:
+  std::shared_ptr<Source> source_;
+};
+
+}  // namespace distribute

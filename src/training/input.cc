@@ -1,0 +1,225 @@
+#include "distribute/input.h"
+
+#include <string>
+#include <utility>
+
+#include "distribute/strategy.h"
+
+namespace distribute {
+
+// ---- contexts ---------------------------------------------------------------------
+
+ValueContext::ValueContext(int replica_id_in_sync_group, int num_replicas_in_sync)
+    : replica_id_(replica_id_in_sync_group), num_replicas_(num_replicas_in_sync) {}
+
+std::string ValueContext::to_string() const {
+  return "tf.distribute.ValueContext(replica id " + std::to_string(replica_id_) +
+         ",  total replicas in sync: " + std::to_string(num_replicas_) + ")";
+}
+
+InputContext::InputContext(int num_input_pipelines, int input_pipeline_id, int num_replicas_in_sync)
+    : num_input_pipelines_(num_input_pipelines), input_pipeline_id_(input_pipeline_id),
+      num_replicas_in_sync_(num_replicas_in_sync) {
+  if (num_input_pipelines < 1 || num_replicas_in_sync < 1 || input_pipeline_id < 0 ||
+      input_pipeline_id >= num_input_pipelines) {
+    throw InvalidArgumentError("InputContext: need num_input_pipelines >= 1, 0 <= input_pipeline_id < "
+                               "num_input_pipelines and num_replicas_in_sync >= 1; got " +
+                               std::to_string(num_input_pipelines) + ", " + std::to_string(input_pipeline_id) +
+                               ", " + std::to_string(num_replicas_in_sync));
+  }
+}
+
+std::int64_t InputContext::get_per_replica_batch_size(std::int64_t global_batch_size) const {
+  if (global_batch_size % num_replicas_in_sync_ != 0) {
+    throw InvalidArgumentError("The `global_batch_size` " + std::to_string(global_batch_size) +
+                               " is not divisible by `num_replicas_in_sync` " + std::to_string(num_replicas_in_sync_) +
+                               " ");
+  }
+  return global_batch_size / num_replicas_in_sync_;
+}
+
+std::string InputContext::to_string() const {
+  return "tf.distribute.InputContext(input pipeline id " + std::to_string(input_pipeline_id_) +
+         ", total: " + std::to_string(num_input_pipelines_) + ")";
+}
+
+// ---- batches ------------------------------------------------------------------------
+
+namespace {
+
+// Rows [begin, end) of every leaf: views, no copy.
+Nest<Tensor> slice_rows(const Nest<Tensor>& batch, std::int64_t begin, std::int64_t end, const std::string& device) {
+  return batch.map([&](const Tensor& t) {
+    std::vector<std::int64_t> dims = t.shape().dims();
+    const std::int64_t row_bytes = dims[0] == 0 ? 0 : static_cast<std::int64_t>(t.nbytes()) / dims[0];
+    dims[0] = end - begin;
+    auto* base = static_cast<std::byte*>(t.mutable_raw_data());
+    return Tensor::from_shared(std::shared_ptr<std::byte>(t.storage(), base + begin * row_bytes), t.dtype(),
+                               Shape(dims), device);
+  });
+}
+
+// The batch dimension every leaf shares; InvalidArgumentError otherwise.
+std::int64_t batch_rows(const Nest<Tensor>& batch, std::string_view api) {
+  std::int64_t rows = -1;
+  const std::vector<Tensor> leaves = batch.flatten();
+  const std::vector<std::string> paths = batch.flatten_paths();
+  if (leaves.empty()) throw InvalidArgumentError(std::string(api) + ": a batch needs at least one tensor");
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (leaves[i].rank() == 0) {
+      throw InvalidArgumentError(std::string(api) + ": batch element " + paths[i] +
+                                 " is a scalar; every element needs a batch dimension");
+    }
+    if (rows >= 0 && leaves[i].shape()[0] != rows) {
+      throw InvalidArgumentError(std::string(api) + ": the elements of a batch have different batch sizes (" +
+                                 paths[0] + ": " + std::to_string(rows) + ", " + paths[i] + ": " +
+                                 std::to_string(leaves[i].shape()[0]) + ")");
+    }
+    rows = leaves[i].shape()[0];
+  }
+  return rows;
+}
+
+}  // namespace
+
+struct DistributedDataset::Source {
+  virtual ~Source() = default;
+  virtual std::optional<PerReplica<Nest<Tensor>>> next() = 0;
+};
+
+namespace {
+
+// experimental_distribute_dataset: each global batch split across every replica in sync.
+class RebatchSource final : public DistributedDataset::Source {
+ public:
+  RebatchSource(Strategy& s, BatchFn batches, std::int64_t global_batch_size)
+      : strategy_(&s), batches_(std::move(batches)), global_(global_batch_size) {
+    const int n = s.num_replicas_in_sync();
+    if (global_batch_size < 1) {
+      throw InvalidArgumentError("experimental_distribute_dataset: the global batch size must be >= 1, got " +
+                                 std::to_string(global_batch_size));
+    }
+    // TensorFlow's batch_sizes_for_worker: the first G mod N replicas take one more row.
+    const std::int64_t floor = global_batch_size / n;
+    const std::int64_t ceil_count = global_batch_size - floor * n;
+    std::int64_t offset = 0;
+    for (int g = 0; g < n; ++g) {
+      const std::int64_t size = floor + (g < ceil_count ? 1 : 0);
+      if (g >= s.first_replica_id() && g < s.first_replica_id() + s.num_local_replicas()) {
+        begin_.push_back(offset);
+        size_.push_back(size);
+      }
+      offset += size;
+    }
+  }
+
+  std::optional<PerReplica<Nest<Tensor>>> next() override {
+    strategy_->require_cross_replica_or_default("get_next");
+    std::optional<Nest<Tensor>> batch = batches_();
+    const std::int64_t rows = batch ? batch_rows(*batch, "experimental_distribute_dataset") : -1;
+    if (rows > global_) {
+      throw InvalidArgumentError("experimental_distribute_dataset: a batch has " + std::to_string(rows) +
+                                 " rows, more than the global batch size " + std::to_string(global_));
+    }
+    const std::vector<std::string> all =
+        internal::exchange_across_workers(*strategy_, std::to_string(rows), "experimental_distribute_dataset");
+    for (std::size_t w = 0; w < all.size(); ++w) {
+      if (all[w] != all[0]) {
+        auto said = [](const std::string& r) { return r == "-1" ? std::string("no batch left") : r + " rows"; };
+        throw InvalidArgumentError("experimental_distribute_dataset: the workers' global batches differ (worker 0: " +
+                                   said(all[0]) + ", worker " + std::to_string(w) + ": " + said(all[w]) +
+                                   "); every worker must produce the same global batches");
+      }
+    }
+    if (!batch) return std::nullopt;
+    std::vector<Nest<Tensor>> out;
+    for (std::size_t i = 0; i < begin_.size(); ++i) {
+      const std::int64_t b = std::min(begin_[i], rows);
+      const std::int64_t e = std::min(begin_[i] + size_[i], rows);
+      out.push_back(slice_rows(*batch, b, e, strategy_->devices()[i]));
+    }
+    return PerReplica<Nest<Tensor>>(std::move(out));
+  }
+
+ private:
+  Strategy* strategy_;
+  BatchFn batches_;
+  std::int64_t global_;
+  std::vector<std::int64_t> begin_;  // per local replica
+  std::vector<std::int64_t> size_;
+};
+
+// distribute_datasets_from_function: each local replica takes the next batch of this worker's pipeline.
+class PipelineSource final : public DistributedDataset::Source {
+ public:
+  PipelineSource(Strategy& s, BatchFn batches) : strategy_(&s), batches_(std::move(batches)) {}
+
+  std::optional<PerReplica<Nest<Tensor>>> next() override {
+    strategy_->require_cross_replica_or_default("get_next");
+    std::vector<std::optional<Nest<Tensor>>> got;
+    bool any = false;
+    for (int i = 0; i < strategy_->num_local_replicas(); ++i) {
+      got.push_back(exhausted_ ? std::nullopt : batches_());
+      if (!got.back()) {
+        exhausted_ = true;
+      } else {
+        batch_rows(*got.back(), "distribute_datasets_from_function");
+        last_ = *got.back();
+        any = true;
+      }
+    }
+    const std::vector<std::string> all = internal::exchange_across_workers(*strategy_, any ? "1" : "0",
+                                                                           "distribute_datasets_from_function");
+    bool any_worker = false;
+    for (const std::string& a : all) any_worker = any_worker || a == "1";
+    if (!any_worker) return std::nullopt;
+    if (!last_) {
+      throw InvalidArgumentError("distribute_datasets_from_function: this worker's dataset produced no batch while "
+                                 "other workers' did; its replicas cannot be given empty batches of an unknown "
+                                 "structure");
+    }
+    std::vector<Nest<Tensor>> out;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      out.push_back(got[i] ? got[i]->map([&](const Tensor& t) { return t.with_device(strategy_->devices()[i]); })
+                           : slice_rows(*last_, 0, 0, strategy_->devices()[i]));
+    }
+    return PerReplica<Nest<Tensor>>(std::move(out));
+  }
+
+ private:
+  Strategy* strategy_;
+  BatchFn batches_;
+  bool exhausted_ = false;
+  std::optional<Nest<Tensor>> last_;  // the structure for empty batches
+};
+
+}  // namespace
+
+std::optional<PerReplica<Nest<Tensor>>> DistributedDataset::get_next() { return source_->next(); }
+
+DistributedDataset::iterator::iterator(DistributedDataset* dataset) : dataset_(dataset) {
+  if (dataset_ != nullptr) current_ = dataset_->get_next();
+}
+
+DistributedDataset::iterator& DistributedDataset::iterator::operator++() {
+  current_ = dataset_->get_next();
+  return *this;
+}
+
+// ---- Strategy members -------------------------------------------------------------------
+
+DistributedDataset Strategy::experimental_distribute_dataset(BatchFn global_batches, std::int64_t global_batch_size) {
+  if (!global_batches) throw InvalidArgumentError("experimental_distribute_dataset: no batch function");
+  return DistributedDataset(std::make_shared<RebatchSource>(*this, std::move(global_batches), global_batch_size));
+}
+
+DistributedDataset Strategy::distribute_datasets_from_function(
+    const std::function<BatchFn(const InputContext&)>& dataset_fn) {
+  const int workers = num_replicas_in_sync() / num_local_replicas();
+  const InputContext context(workers, first_replica_id() / num_local_replicas(), num_replicas_in_sync());
+  BatchFn batches = dataset_fn(context);
+  if (!batches) throw InvalidArgumentError("distribute_datasets_from_function: dataset_fn returned no batch function");
+  return DistributedDataset(std::make_shared<PipelineSource>(*this, std::move(batches)));
+}
+
+}  // namespace distribute
