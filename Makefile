@@ -1,5 +1,5 @@
 # The two commands that do everything on a fresh Debian 12 machine:
-#   make demo   installs what is missing, builds, runs distribute-demo
+#   make demo   installs what is missing, builds, trains on Fashion-MNIST (distribute-train)
 #   make test   installs what is missing, builds, runs every test
 # Sanitizer runs (CI runs both): make test-asan, make test-tsan.
 
@@ -18,7 +18,7 @@ build: setup
 	cmake --build --preset release -j $(JOBS)
 
 demo: build
-	./build/release/tools/distribute-demo
+	./build/release/tools/distribute-train
 
 test: build
 	ctest --preset release $(CTEST_FLAGS)

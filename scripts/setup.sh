@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages distribute needs to build and test. Safe to
-# run again: it installs only what is missing. Runs as root (or with sudo).
+# Installs the Debian 12 packages distribute needs to build, test and train
+# (OpenBLAS, zlib, the Fashion-MNIST files). Safe to run again: it installs
+# only what is missing. Runs as root (or with sudo).
 set -euo pipefail
 
 packages=(
@@ -8,7 +9,13 @@ packages=(
   googletest libgtest-dev libgmock-dev
   libdlpack-dev
   libopenmpi-dev openmpi-bin
+  libopenblas-dev zlib1g-dev dataset-fashion-mnist
 )
+# `setup.sh --bench` adds what bench/ compares against: Debian's PyTorch
+# (it runs on the OpenBLAS installed above).
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3-torch python3-numpy)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

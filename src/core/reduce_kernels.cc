@@ -1,5 +1,7 @@
 #include "core/reduce_kernels.h"
 
+#include "core/kernel_clones.h"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -152,16 +154,7 @@ void reduce_typed(T* dst, std::span<const void* const> srcs, std::size_t count, 
 
 }  // namespace
 
-// Compiled three times (AVX-512, AVX2, baseline x86-64) with every kernel
-// inlined into each copy (flatten); the dynamic loader picks the copy for the
-// CPU at hand (GCC function multi-versioning, resolved once through an ifunc).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define DISTRIBUTE_KERNEL_CLONES __attribute__((flatten, target_clones("avx512f", "avx2", "default")))
-#else
-#define DISTRIBUTE_KERNEL_CLONES
-#endif
-
+// One copy per instruction set, chosen at load time (core/kernel_clones.h).
 DISTRIBUTE_KERNEL_CLONES
 void reduce_sources(void* dst, std::span<const void* const> srcs, std::size_t count, DType dtype, ReduceOp op,
                     std::int64_t mean_divisor) {

@@ -1,5 +1,7 @@
 #include "distribute/optimizers.h"
 
+#include "core/kernel_clones.h"
+
 #include <cmath>
 #include <string>
 
@@ -66,34 +68,39 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
                                   "`tf.distribute.Strategy.run` to enter replica context.");
   }
   check_pairs(grads_and_vars, ctx->strategy());
-  ctx->merge_call(
-      [this, &options](Strategy& s, const PerReplica<std::vector<GradientAndVariable>>& per) {
+  // 1. One merge_call: the replicas agree on the variables before any data
+  //    moves, the slots of new variables are made (a cross-replica act), and
+  //    the step is counted once.
+  struct Plan {
+    std::int64_t step = 0;
+    std::vector<std::vector<Variable>> slots;  // per variable, in slot_names() order
+  };
+  const std::shared_ptr<const Plan> plan = ctx->merge_call(
+      [this](Strategy& s, const PerReplica<std::vector<GradientAndVariable>>& per) {
         check_same_variables(per, s);
-        const auto& pairs = per.primary();
-        // One batched SUM of every variable's gradients across every replica in sync.
-        std::vector<std::pair<PerReplica<Tensor>, Destinations>> batch;
-        batch.reserve(pairs.size());
-        for (std::size_t k = 0; k < pairs.size(); ++k) {
-          std::vector<Tensor> grads;
-          grads.reserve(per.size());
-          for (const auto& replica_pairs : per.values()) grads.push_back(replica_pairs[k].first);
-          batch.emplace_back(PerReplica<Tensor>(std::move(grads)), Destinations(pairs[k].second.values()[0].device()));
-        }
-        const std::vector<Mirrored<Tensor>> summed = s.extended().batch_reduce_to(ReduceOp::kSum, batch, options);
-        const std::int64_t step = iterations_ + 1;
-        // One update per variable: each component once, with the summed gradient.
-        for (std::size_t k = 0; k < pairs.size(); ++k) {
-          Variable var = pairs[k].second;
-          Slots& slots = slots_of(var);
-          std::vector<Tensor> slot_components(slots.slots.size());
-          for (std::size_t i = 0; i < var.size(); ++i) {
-            for (std::size_t j = 0; j < slots.slots.size(); ++j) slot_components[j] = slots.slots[j].values()[i];
-            apply_dense(var.mutable_component(i), summed[k].primary(), slot_components, step);
-          }
-        }
-        iterations_ = step;
+        auto made = std::make_shared<Plan>();
+        for (const auto& [grad, var] : per.primary()) made->slots.push_back(slots_of(var).slots);
+        made->step = ++iterations_;
+        return std::shared_ptr<const Plan>(std::move(made));
       },
       grads_and_vars);
+  // 2. One batched all-reduce (SUM, packed by bytes_per_pack) of every
+  //    gradient across every replica in sync: each replica reduces its share
+  //    of the packs in parallel, and every replica gets the same bits.
+  std::vector<Tensor> grads;
+  grads.reserve(grads_and_vars.size());
+  for (const auto& pair : grads_and_vars) grads.push_back(pair.first);
+  const std::vector<Tensor> summed = ctx->all_reduce(ReduceOp::kSum, grads, options);
+  // 3. Each replica updates its own component of every variable and slot,
+  //    so every component is updated once, all in parallel and alike.
+  const auto i = static_cast<std::size_t>(ctx->local_replica_id());
+  std::vector<Tensor> slot_components;
+  for (std::size_t k = 0; k < grads_and_vars.size(); ++k) {
+    Variable var = grads_and_vars[k].second;
+    slot_components.clear();
+    for (const Variable& slot : plan->slots[k]) slot_components.push_back(slot.values()[i]);
+    apply_dense(var.mutable_component(i), summed[k], slot_components, plan->step);
+  }
 }
 
 Optimizer::Slots& Optimizer::slots_of(const Variable& var) {
@@ -156,6 +163,24 @@ void adam_kernel(T* w, const T* g, T* m, T* v, std::size_t n, T alpha, T beta_1,
   }
 }
 
+// The kernels' entry points, one copy per instruction set each.
+DISTRIBUTE_KERNEL_CLONES void sgd_update(float* w, const float* g, float* accum, std::size_t n, float lr,
+                                         float momentum, bool nesterov) {
+  sgd_kernel(w, g, accum, n, lr, momentum, nesterov);
+}
+DISTRIBUTE_KERNEL_CLONES void sgd_update(double* w, const double* g, double* accum, std::size_t n, double lr,
+                                         double momentum, bool nesterov) {
+  sgd_kernel(w, g, accum, n, lr, momentum, nesterov);
+}
+DISTRIBUTE_KERNEL_CLONES void adam_update(float* w, const float* g, float* m, float* v, std::size_t n, float alpha,
+                                          float beta_1, float beta_2, float epsilon) {
+  adam_kernel(w, g, m, v, n, alpha, beta_1, beta_2, epsilon);
+}
+DISTRIBUTE_KERNEL_CLONES void adam_update(double* w, const double* g, double* m, double* v, std::size_t n,
+                                          double alpha, double beta_1, double beta_2, double epsilon) {
+  adam_kernel(w, g, m, v, n, alpha, beta_1, beta_2, epsilon);
+}
+
 template <class F>
 void float_types(DType dtype, F&& f) {
   if (dtype == DType::kFloat32) {
@@ -169,7 +194,7 @@ void float_types(DType dtype, F&& f) {
 void SGD::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t) const {
   float_types(var.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    sgd_kernel<T>(var.mutable_flat<T>().data(), grad.flat<T>().data(),
+    sgd_update(var.mutable_flat<T>().data(), grad.flat<T>().data(),
                   slots.empty() ? nullptr : slots[0].mutable_flat<T>().data(),
                   static_cast<std::size_t>(var.num_elements()), static_cast<T>(options_.learning_rate),
                   static_cast<T>(options_.momentum), options_.nesterov);
@@ -197,7 +222,7 @@ void Adam::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Te
                        (1 - std::pow(options_.beta_1, t));
   float_types(var.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    adam_kernel<T>(var.mutable_flat<T>().data(), grad.flat<T>().data(), slots[0].mutable_flat<T>().data(),
+    adam_update(var.mutable_flat<T>().data(), grad.flat<T>().data(), slots[0].mutable_flat<T>().data(),
                    slots[1].mutable_flat<T>().data(), static_cast<std::size_t>(var.num_elements()),
                    static_cast<T>(alpha), static_cast<T>(options_.beta_1), static_cast<T>(options_.beta_2),
                    static_cast<T>(options_.epsilon));
