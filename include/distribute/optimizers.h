@@ -2,9 +2,11 @@
 //
 // Optimizers that update distributed variables as Keras' do under a
 // tf.distribute strategy: apply_gradients, called by every replica inside
-// Strategy::run with its own gradients, makes one merge_call in which the
-// gradients of every replica in sync are summed by one batched reduce
-// (packed by bytes_per_pack) and each variable's components are updated once.
+// Strategy::run with its own gradients, makes one merge_call (the replicas
+// agree on the variables; slots are made; the step is counted), one batched
+// all-reduce that sums every gradient over every replica in sync (packed by
+// bytes_per_pack), and one update of each component: every replica updates
+// its own, in parallel, from the same bits.
 //
 //   MirroredStrategy strategy({"CPU:0", "CPU:1"});
 //   std::optional<MirroredVariable> w;
@@ -48,16 +50,28 @@ class Optimizer {
 
   // Called by every replica of the run (or in the default context), with
   // the same variables in the same order; each gradient has its variable's
-  // dtype and shape; variables are float32 or float64. One merge_call: the
-  // gradients are summed across every replica in sync, then every component
-  // of every variable is updated once. `options` apply to the batched
-  // reduce. In a cross-replica context it is a FailedPreconditionError, as
-  // in Keras.
+  // dtype and shape; variables are float32 or float64. The gradients are
+  // summed across every replica in sync, then every component of every
+  // variable is updated once (docs/semantics.md §5.7). `options` apply to the
+  // all-reduce. In a cross-replica context it is a FailedPreconditionError,
+  // as in Keras.
   void apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
                        const CommunicationOptions& options = {});
 
   // Completed apply_gradients calls (Keras' `iterations`).
   std::int64_t iterations() const { return iterations_; }
+
+  // Where local replica 0's apply_gradients time went, summed over calls
+  // since the last reset, for benchmarks: the merge_call (including the wait
+  // for the other replicas to arrive), the all-reduce, and its own updates.
+  // Read outside Strategy::run.
+  struct Timings {
+    double merge_call_seconds = 0;
+    double all_reduce_seconds = 0;
+    double update_seconds = 0;
+  };
+  const Timings& timings() const { return timings_; }
+  void reset_timings() { timings_ = {}; }
 
   // The slot variable `slot` of `var` ("momentum" for SGD with momentum,
   // "m" and "v" for Adam), made by the first apply_gradients that updated
@@ -82,6 +96,7 @@ class Optimizer {
   Slots& slots_of(const Variable& var);
   std::unordered_map<const void*, std::unique_ptr<Slots>> slots_;
   std::int64_t iterations_ = 0;
+  Timings timings_;
 };
 
 // Keras' SGD: var -= lr * g; with momentum m: accum = m * accum - lr * g,

@@ -2,6 +2,7 @@
 
 #include "core/kernel_clones.h"
 
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -68,6 +69,9 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
                                   "`tf.distribute.Strategy.run` to enter replica context.");
   }
   check_pairs(grads_and_vars, ctx->strategy());
+  using Clock = std::chrono::steady_clock;
+  const bool timed = ctx->local_replica_id() == 0;
+  const auto t0 = timed ? Clock::now() : Clock::time_point{};
   // 1. One merge_call: the replicas agree on the variables before any data
   //    moves, the slots of new variables are made (a cross-replica act), and
   //    the step is counted once.
@@ -87,10 +91,12 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
   // 2. One batched all-reduce (SUM, packed by bytes_per_pack) of every
   //    gradient across every replica in sync: each replica reduces its share
   //    of the packs in parallel, and every replica gets the same bits.
+  const auto t1 = timed ? Clock::now() : Clock::time_point{};
   std::vector<Tensor> grads;
   grads.reserve(grads_and_vars.size());
   for (const auto& pair : grads_and_vars) grads.push_back(pair.first);
   const std::vector<Tensor> summed = ctx->all_reduce(ReduceOp::kSum, grads, options);
+  const auto t2 = timed ? Clock::now() : Clock::time_point{};
   // 3. Each replica updates its own component of every variable and slot,
   //    so every component is updated once, all in parallel and alike.
   const auto i = static_cast<std::size_t>(ctx->local_replica_id());
@@ -100,6 +106,12 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
     slot_components.clear();
     for (const Variable& slot : plan->slots[k]) slot_components.push_back(slot.values()[i]);
     apply_dense(var.mutable_component(i), summed[k], slot_components, plan->step);
+  }
+  if (timed) {
+    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    timings_.merge_call_seconds += seconds(t0, t1);
+    timings_.all_reduce_seconds += seconds(t1, t2);
+    timings_.update_seconds += seconds(t2, Clock::now());
   }
 }
 

@@ -413,6 +413,16 @@ inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEn
   for (const Tensor& c : mean->values()) EXPECT_EQ(c.scalar<float>(), (n + 1) / 2);
   for (const Tensor& c : first->values()) EXPECT_EQ(c.scalar<float>(), 1.f);
   EXPECT_EQ(seen->read_value().scalar<float>(), n * (n + 1) / 2);  // a collective: every worker reads
+  // extended().update in a replica context: one merge_call per worker, each
+  // component written once with its own replica's argument.
+  s->run([&](ReplicaContext& ctx) {
+    s->extended().update(
+        *first, [](Tensor& c, const Tensor& x) { c.mutable_flat<float>()[0] += x.scalar<float>(); },
+        constant(static_cast<float>(ctx.replica_id_in_sync_group())));
+  });
+  for (int i = 0; i < s->num_local_replicas(); ++i) {
+    EXPECT_EQ(first->values()[static_cast<std::size_t>(i)].scalar<float>(), 1.f + s->first_replica_id() + i);
+  }
   // Workers creating variables of different shapes fail alike instead of waiting.
   if (env.workers > 1) {
     std::string message;

@@ -157,6 +157,11 @@ std::string grouped(double v) {
   return digits;
 }
 
+// Part of replica 0's step time, as a fraction.
+std::string fraction(double seconds, const EpochStats& e) {
+  return fixed(seconds / std::max(e.replica_step_seconds, 1e-9), 4);
+}
+
 void write_metrics(const std::string& path, const Args& a, const Strategy& s, const std::vector<EpochRecord>& epochs) {
   std::ofstream out(path);
   if (!out) throw NotFoundError("cannot write the metrics file " + path);
@@ -168,7 +173,10 @@ void write_metrics(const std::string& path, const Args& a, const Strategy& s, co
     out << "    {\"epoch\": " << e.epoch << ", \"train_loss\": " << fixed(e.train.train_loss, 6)
         << ", \"test_loss\": " << fixed(e.test.loss, 6) << ", \"test_accuracy\": " << fixed(e.test.accuracy, 4)
         << ", \"train_samples_per_second\": " << fixed(static_cast<double>(e.train.rows) / e.train.seconds, 1)
-        << ", \"train_seconds\": " << fixed(e.train.seconds, 3) << ", \"steps\": " << e.train.steps << "}"
+        << ", \"train_seconds\": " << fixed(e.train.seconds, 3) << ", \"steps\": " << e.train.steps
+        << ", \"step_fraction\": {\"merge_call\": " << fraction(e.train.optimizer.merge_call_seconds, e.train)
+        << ", \"all_reduce\": " << fraction(e.train.optimizer.all_reduce_seconds, e.train)
+        << ", \"update\": " << fraction(e.train.optimizer.update_seconds, e.train) << "}}"
         << (i + 1 < epochs.size() ? ",\n" : "\n");
   }
   out << "  ]\n}\n";
@@ -288,9 +296,11 @@ int run(const Args& a) {
       std::cout << "epoch " << epoch << "/" << a.epochs << ": train loss " << fixed(train.train_loss, 4)
                 << ", test loss " << fixed(test.loss, 4) << ", test accuracy " << fixed(test.accuracy, 4) << ", "
                 << grouped(static_cast<double>(train.rows) / train.seconds) << " samples/s ("
-                << fixed(train.seconds, 2) << " s, " << train.steps << " steps; apply_gradients "
-                << fixed(100 * train.apply_seconds / std::max(train.replica_step_seconds, 1e-9), 1)
-                << "% of replica 0's step)\n";
+                << fixed(train.seconds, 2) << " s, " << train.steps << " steps)\n";
+      const double step = std::max(train.replica_step_seconds, 1e-9);
+      std::cout << "  replica 0's step time: merge_call " << fixed(100 * train.optimizer.merge_call_seconds / step, 1)
+                << "%, all_reduce " << fixed(100 * train.optimizer.all_reduce_seconds / step, 1) << "%, update "
+                << fixed(100 * train.optimizer.update_seconds / step, 1) << "%\n";
     }
   }
   if (chief) {

@@ -73,6 +73,7 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
                     global_rows),
       config_.global_batch);
   loss_sum_->assign(constant(0.0));
+  optimizer_->reset_timings();
   EpochStats stats;
   const std::int64_t steps_in_epoch = (train.size() + config_.global_batch - 1) / config_.global_batch;
   const std::int64_t steps = max_steps > 0 ? std::min(max_steps, steps_in_epoch) : steps_in_epoch;
@@ -84,7 +85,6 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
     auto batch = dataset.get_next();
     if (!batch) break;
     const double divisor = static_cast<double>(*global_rows);
-    double apply = 0;
     double step_time = 0;
     auto totals = strategy_->run(
         [&](ReplicaContext& ctx, const Nest<Tensor>& mine) {
@@ -92,17 +92,12 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
           Mlp::Workspace& ws = workspaces_[static_cast<std::size_t>(ctx.local_replica_id())];
           const auto [x, y] = gather_rows(train, mine.leaf());
           const Mlp::Totals t = model_->forward_backward(x, y, divisor, ws);
-          const auto t1 = Clock::now();
           optimizer_->apply_gradients(model_->gradients_and_variables(ws));
           loss_sum_->assign_add(constant(t.loss_sum));
-          if (ctx.local_replica_id() == 0) {
-            apply = seconds_since(t1);
-            step_time = seconds_since(t0);
-          }
+          if (ctx.local_replica_id() == 0) step_time = seconds_since(t0);
           return std::make_pair(t.loss_sum, y.num_elements());
         },
         *batch);
-    stats.apply_seconds += apply;
     stats.replica_step_seconds += step_time;
     for (const auto& [loss, rows] : totals.values()) {
       local_loss += loss;
@@ -118,6 +113,7 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
     }
   }
   stats.seconds = seconds_since(start);
+  stats.optimizer = optimizer_->timings();
   // A cross-replica read of a SUM SyncOnReadVariable: every replica of every worker.
   stats.train_loss = stats.rows ? loss_sum_->read_value().scalar<double>() / static_cast<double>(stats.rows) : 0;
   return stats;

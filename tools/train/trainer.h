@@ -32,8 +32,8 @@ struct EpochStats {
   std::int64_t rows = 0;
   std::int64_t steps = 0;
   double seconds = 0;                // the steps only
-  double apply_seconds = 0;          // replica 0's time in apply_gradients
   double replica_step_seconds = 0;   // replica 0's time in its step functions
+  Optimizer::Timings optimizer;      // replica 0's time in apply_gradients, by phase
 };
 
 struct EvalStats {
