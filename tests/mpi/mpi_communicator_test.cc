@@ -34,7 +34,7 @@ TEST_P(MpiAllReduceTest, MatchesReferenceOnEveryRank) {
   MpiCommunicator comm;
   const int n = comm.size();
   // Counts straddle the header-round path (64 KiB) for the wider dtypes; the
-  // scatter path (over 4 MiB received) is in LargeAllReduceScattersSlices.
+  // scatter path (over 1 MiB received) is in LargeAllReduceScattersSlices.
   for (std::size_t count : {0u, 1u, 7u, 1000u, 4097u, 65537u}) {
     for (bool in_place : {false, true}) {
       const std::size_t esz = size_of(dtype);
@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, MpiAllReduceTest,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
-// Above 4 MiB received per rank the all-reduce scatters slices (of unequal
+// Above 1 MiB received per rank the all-reduce scatters slices (of unequal
 // lengths here), reduces them and gathers them back.
 TEST(MpiCommunicatorTest, LargeAllReduceScattersSlices) {
   MpiCommunicator comm;
@@ -74,7 +74,7 @@ TEST(MpiCommunicatorTest, LargeAllReduceScattersSlices) {
   for (auto [dtype, op] : {std::pair{DType::kFloat32, ReduceOp::kSum}, std::pair{DType::kInt32, ReduceOp::kMax},
                            std::pair{DType::kFloat16, ReduceOp::kMean}}) {
     const std::size_t esz = size_of(dtype);
-    const std::size_t count = (4u << 20) / esz / static_cast<std::size_t>(std::max(1, n - 1)) + 1001;
+    const std::size_t count = (1u << 20) / esz / static_cast<std::size_t>(std::max(1, n - 1)) + 1001;
     std::vector<std::byte> send(count * esz), recv(count * esz);
     visit_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -186,6 +186,49 @@ TEST(MpiCommunicatorTest, DifferentTagsThrowOnEveryRankAndTheCommunicatorStaysUs
   c.signature_tag = 0x5678;
   comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, c);
   EXPECT_EQ(out, static_cast<float>(comm.size()));
+}
+
+// A large all-gather (beyond the header round's inline data): a peer in
+// another call, or one whose tag says another block size, makes every rank
+// throw SignatureMismatch before any block moves, and the communicator stays
+// usable: nothing is left in flight.
+TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  const std::size_t big = 100000;  // floats: 400 KB per rank, beyond the header round's inline data
+  std::vector<float> send(2 * big, static_cast<float>(comm.rank())), recv(2 * big * static_cast<std::size_t>(n));
+  CollectiveCall c = call("all_gather");
+  c.signature_tag = 0x5678;
+  // The last rank is in an all_reduce (a small header-round message) instead.
+  if (comm.rank() == n - 1) {
+    float in = 1, out = -1;
+    CollectiveCall other = call("all_reduce");
+    other.signature_tag = 0x1234;
+    EXPECT_THROW(comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, other), SignatureMismatch);
+  } else {
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
+    EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, c), SignatureMismatch);
+  }
+  // The last rank's block is twice as long, as each rank assumes all are like its own.
+  {
+    const std::size_t mine = comm.rank() == n - 1 ? 2 * big : big;
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), mine);
+    CollectiveCall shaped = c;
+    shaped.signature_tag = comm.rank() == n - 1 ? 0x9999 : 0x5678;  // the shapes are in the tag
+    EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, shaped), SignatureMismatch);
+  }
+  // Then a matching one goes through, every block in place.
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
+  comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, c);
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(recv[static_cast<std::size_t>(q) * big], static_cast<float>(q));
+    EXPECT_EQ(recv[static_cast<std::size_t>(q + 1) * big - 1], static_cast<float>(q));
+  }
+  float in = 1, out = -1;
+  CollectiveCall after = call("all_reduce");
+  after.signature_tag = 0x1234;
+  comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, after);
+  EXPECT_EQ(out, static_cast<float>(n));
 }
 
 // Whether a late rank can still finish the collective that a failed rank had

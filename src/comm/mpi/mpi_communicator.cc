@@ -25,7 +25,9 @@ constexpr int kDataTag = 2;
 constexpr int kHeaderTag = 3;
 // All-reduces that receive at most this many bytes per rank in all gather
 // every input and reduce locally (one round); larger ones scatter slices.
-constexpr std::size_t kGatherAllBytes = 4 << 20;
+// Measured at 2 workers: from 2 MiB of input, halving each rank's reduction
+// work beats saving a round (docs/benchmarks.md, multi-worker).
+constexpr std::size_t kGatherAllBytes = 1 << 20;
 // Polls of a pending request between two looks for failure notices.
 constexpr unsigned kPollsPerNoticeProbe = 32;
 

@@ -9,7 +9,7 @@
 // docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces:
 //   small (<= 64 KiB): the inputs ride in the header round (below), and
 //          every rank reduces all of them locally;
-//   medium (<= 4 MiB received per rank): every rank sends its input to every
+//   medium (<= 1 MiB received per rank): every rank sends its input to every
 //          other and reduces all of them (one round);
 //   large: all-to-all of slices (rank r receives slice r of every input),
 //          reduce slice r in rank order, all-gather the reduced slices.
