@@ -39,6 +39,7 @@ class Variable;
 
 namespace internal {
 struct StrategyState;
+struct Pack;
 // Multi-worker strategies: replaces `value` (which must own its storage) on
 // every worker with worker 0's, after the workers agree on its dtype and
 // shape (a mismatch raises the same InvalidArgumentError on every worker).
@@ -264,6 +265,10 @@ class Strategy {
   // results are views into the packs' buffers, on the host device.
   std::vector<Tensor> reduce_components_batch(ReduceOp op, const std::vector<const std::vector<Tensor>*>& values,
                                               const CommunicationOptions& options, std::int64_t mean_divisor);
+  // An integer or bool MEAN of one pack across workers: every replica's
+  // values gathered and reduced once (sums per worker would wrap).
+  void reduce_exact_mean(const internal::Pack& pack, const std::vector<const std::vector<Tensor>*>& values,
+                         std::int64_t divisor, const CommunicationOptions& options, std::vector<Tensor>& out);
   Tensor reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes);
   // Checks the components of a cross-replica collective (count, dtype, shape);
   // with several workers, the workers then agree on them, so a bad argument

@@ -336,6 +336,13 @@ std::vector<Tensor> Strategy::reduce_components_batch(ReduceOp op,
   std::vector<Tensor> out(values.size());
   for (const internal::Pack& pack : internal::plan_packs(firsts, options.bytes_per_pack)) {
     const std::size_t elem = size_of(pack.dtype);
+    if (across && op == ReduceOp::kMean && !is_floating(pack.dtype)) {
+      // An exact integer (or bool) MEAN cannot be split into per-worker sums
+      // (they would wrap, and bool's "sum" is OR): gather every replica's
+      // values of the pack and reduce them once, in replica order.
+      reduce_exact_mean(pack, values, divisor, options, out);
+      continue;
+    }
     Tensor buffer = Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count)}, kHostDevice);
     auto* base = static_cast<std::byte*>(buffer.mutable_raw_data());
     std::size_t offset = 0;
@@ -358,6 +365,45 @@ std::vector<Tensor> Strategy::reduce_components_batch(ReduceOp op,
     }
   }
   return out;
+}
+
+void Strategy::reduce_exact_mean(const internal::Pack& pack, const std::vector<const std::vector<Tensor>*>& values,
+                                 std::int64_t divisor, const CommunicationOptions& options, std::vector<Tensor>& out) {
+  const std::size_t elem = size_of(pack.dtype);
+  const auto local = static_cast<std::size_t>(num_local_replicas());
+  const auto workers = static_cast<std::size_t>(state_->workers->size());
+  // This worker's block: replica i's values of the pack, one replica after another.
+  Tensor block = Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count * local)}, kHostDevice);
+  auto* at = static_cast<std::byte*>(block.mutable_raw_data());
+  for (std::size_t i = 0; i < local; ++i) {
+    for (std::size_t leaf : pack.leaves) {
+      const Tensor& t = (*values[leaf])[i];
+      std::memcpy(at, t.raw_data(), t.nbytes());
+      at += t.nbytes();
+    }
+  }
+  Tensor all = Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count * local * workers)},
+                                     kHostDevice);
+  {
+    std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+    const std::vector<std::size_t> counts(workers, pack.count * local);
+    state_->workers->all_gather_v(block.raw_data(), all.mutable_raw_data(), counts, 1, pack.dtype,
+                                  internal::worker_call(*state_, options, "reduce"));
+  }
+  Tensor buffer = Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count)}, kHostDevice);
+  auto* base = static_cast<std::byte*>(buffer.mutable_raw_data());
+  const auto* gathered = static_cast<const std::byte*>(all.raw_data());
+  std::vector<const void*> srcs(local * workers);
+  std::size_t offset = 0;
+  for (std::size_t leaf : pack.leaves) {
+    const Tensor& first = values[leaf]->front();
+    const auto count = static_cast<std::size_t>(first.num_elements());
+    for (std::size_t r = 0; r < srcs.size(); ++r) srcs[r] = gathered + (r * pack.count + offset) * elem;
+    internal::reduce_sources(base + offset * elem, srcs, count, pack.dtype, ReduceOp::kMean, divisor);
+    out[leaf] = Tensor::from_shared(std::shared_ptr<std::byte>(buffer.storage(), base + offset * elem), pack.dtype,
+                                    first.shape(), kHostDevice);
+    offset += count;
+  }
 }
 
 Tensor Strategy::reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes) {

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/reference_model.h"
 #include "testing/strategies.h"
 
 namespace distribute::testing {
@@ -512,6 +513,46 @@ inline void DatasetsSplitAcrossWorkersAndEndTogether(const WorkerEnv& env) {
   EXPECT_EQ(pipeline_steps, env.workers);
 }
 
+// Random collectives (testing/reference_model.h) across workers, bit for bit
+// against the reference model: every worker draws the same case from the
+// seed and feeds its own replicas' inputs.
+inline void RandomCollectivesMatchTheReference(const WorkerEnv& env) {
+  auto s = env.strategy();
+  for (std::uint64_t seed = 20261130; seed < 20261130 + 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 gen(seed);
+    const bool ragged = seed % 2 == 1;
+    const RandomCase c = random_case(gen, env.replicas(), ragged);
+    auto results = s->run([&](ReplicaContext& ctx) {
+      const Nest<Tensor> mine = c.value_of(ctx.replica_id_in_sync_group());
+      return ragged ? ctx.all_gather(mine, c.axis) : ctx.all_reduce(c.op, mine, {.bytes_per_pack = c.bytes_per_pack});
+    });
+    for (std::size_t i = 0; i < c.leaves(); ++i) {
+      const Tensor want = ragged ? reference_gather(c.column(i), c.normalized)
+                                 : reference_reduce_multi_worker(c.op, c.column(i), env.local_replicas);
+      for (int r = 0; r < s->num_local_replicas(); ++r) {
+        const Tensor got = results.values()[static_cast<std::size_t>(r)].flatten()[i];
+        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << s->first_replica_id() + r << ", leaf " << i
+                                              << (ragged ? ", all_gather" : ", all_reduce ") << ": got "
+                                              << got.repr() << ", want " << want.repr();
+      }
+    }
+  }
+  // An integer MEAN is exact across workers too: per-worker sums of 100s
+  // would wrap in int8, the mean of all does not.
+  const Tensor hundred = fill(DType::kInt8, Shape{3}, 100);
+  const auto means = s->run([&](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kMean, hundred); });
+  for (const Tensor& t : means.values()) EXPECT_EQ(t, hundred);
+  std::vector<Tensor> locals(static_cast<std::size_t>(s->num_local_replicas()), hundred);
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, PerReplica<Tensor>(locals), std::nullopt), hundred);
+  const Tensor flags = constant({true, false});
+  std::vector<Tensor> mixed;
+  for (int i = 0; i < s->num_local_replicas(); ++i) {
+    mixed.push_back(s->first_replica_id() + i == 0 ? constant({true, true}) : flags);
+  }
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, PerReplica<Tensor>(mixed), std::nullopt), flags);  // bool MEAN is AND
+}
+
 // Every case, for the harnesses' TEST macros.
 #define DIST_MULTI_WORKER_CASES(X)              \
   X(IdsDevicesAndSeedExample)                   \
@@ -528,6 +569,7 @@ inline void DatasetsSplitAcrossWorkersAndEndTogether(const WorkerEnv& env) {
   X(UnequalLocalReplicaCountsAreRejected)      \
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
   X(OptimizerStepsMatchTheSingleProcessStrategy)  \
-  X(DatasetsSplitAcrossWorkersAndEndTogether)
+  X(DatasetsSplitAcrossWorkersAndEndTogether)   \
+  X(RandomCollectivesMatchTheReference)
 
 }  // namespace distribute::testing

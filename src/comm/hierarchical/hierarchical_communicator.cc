@@ -3,6 +3,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/reduce_kernels.h"
 #include "core/storage.h"
 
 namespace distribute::internal {
@@ -107,6 +108,20 @@ void HierarchicalCommunicator::all_reduce(const void* send, void* recv, std::siz
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size();
   if (local_size_ == 1) {
     workers_->all_reduce(send, recv, count, dtype, op, call, divisor);
+    return;
+  }
+  if (op == ReduceOp::kMean && !is_floating(dtype)) {
+    // An exact integer (or bool) MEAN cannot be split into sums: the local
+    // sums would wrap in the dtype (and bool's "sum" is OR). Every replica's
+    // input is gathered instead and reduced once, in replica order, as one
+    // process would.
+    const std::size_t bytes = count * size_of(dtype);
+    std::shared_ptr<std::byte> all = allocate_storage(bytes * static_cast<std::size_t>(size()));
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), count);
+    all_gather_v(send, all.get(), counts, 1, dtype, call);
+    std::vector<const void*> srcs(static_cast<std::size_t>(size()));
+    for (std::size_t q = 0; q < srcs.size(); ++q) srcs[q] = all.get() + q * bytes;
+    reduce_sources(recv, srcs, count, dtype, op, divisor);
     return;
   }
   // MEAN: the local step sums, the cross step sums the workers' sums and divides once.
