@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/faults.h"
 #include "testing/reference_model.h"
 #include "testing/strategies.h"
 
@@ -553,6 +554,58 @@ inline void RandomCollectivesMatchTheReference(const WorkerEnv& env) {
   EXPECT_EQ(s->reduce(ReduceOp::kMean, PerReplica<Tensor>(mixed), std::nullopt), flags);  // bool MEAN is AND
 }
 
+// Fault injection across workers (testing/faults.h): one replica of the
+// cluster calls another collective, or passes another dtype or shape, or is
+// slow, at a random step of a random program of all_reduce and all_gather.
+// Every worker must raise the same documented error (these are found before
+// data moves, so the strategy stays usable, docs/errors.md §6.1), and a
+// correct step must follow. merge_call is left out: it is local to each
+// worker (as in TensorFlow), so a worker whose replica calls an all_reduce
+// where the others call merge_call is caught only at the next collective
+// across workers, possibly in the next run (docs/semantics.md §9).
+inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
+  auto s = env.strategy();
+  for (std::uint64_t seed = 90210; seed < 90210 + 20; ++seed) {
+    std::mt19937_64 gen(seed);
+    std::vector<Kind> program(static_cast<std::size_t>(uniform(gen, 1, 5)));
+    for (Kind& k : program) k = static_cast<Kind>(uniform(gen, 0, 1));
+    const int faulty = uniform(gen, 0, env.replicas() - 1);
+    const auto step = static_cast<std::size_t>(uniform(gen, 0, static_cast<int>(program.size()) - 1));
+    auto fault = static_cast<Fault>(uniform(gen, 2, 5));  // the faults that keep the strategy usable
+    if (env.replicas() == 1) fault = Fault::kSlow;  // nobody to disagree with
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": replica " + std::to_string(faulty) + " " +
+                 kFaultNames[static_cast<int>(fault)] + " at collective " + std::to_string(step) + " of " +
+                 std::to_string(program.size()));
+    std::string message;
+    const std::string kind = error_kind(
+        [&] {
+          s->run([&](ReplicaContext& ctx) {
+            const bool me = ctx.replica_id_in_sync_group() == faulty;
+            for (std::size_t i = 0; i < program.size(); ++i) {
+              if (me && i == step && fault != Fault::kSlow) {
+                if (fault == Fault::kOtherCollective) {
+                  call(ctx, static_cast<Kind>((static_cast<int>(program[i]) + 1) % 2), DType::kFloat32, false);
+                } else {
+                  call(ctx, program[i], fault == Fault::kOtherDtype ? DType::kInt32 : DType::kFloat32,
+                       fault == Fault::kOtherShape);
+                }
+                continue;
+              }
+              if (me && i == step) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+              call(ctx, program[i], DType::kFloat32, false);
+            }
+          });
+        },
+        &message);
+    const char* want = fault == Fault::kOtherCollective ? "FailedPreconditionError"
+                       : fault == Fault::kSlow          ? ""
+                                                        : "InvalidArgumentError";
+    EXPECT_EQ(kind, want) << message;
+    const auto after = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1.f)); });
+    for (const Tensor& t : after.values()) ASSERT_EQ(t.scalar<float>(), static_cast<float>(env.replicas()));
+  }
+}
+
 // Every case, for the harnesses' TEST macros.
 #define DIST_MULTI_WORKER_CASES(X)              \
   X(IdsDevicesAndSeedExample)                   \
@@ -570,6 +623,7 @@ inline void RandomCollectivesMatchTheReference(const WorkerEnv& env) {
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
   X(OptimizerStepsMatchTheSingleProcessStrategy)  \
   X(DatasetsSplitAcrossWorkersAndEndTogether)   \
-  X(RandomCollectivesMatchTheReference)
+  X(RandomCollectivesMatchTheReference)          \
+  X(InjectedFaultsFailAlikeEverywhere)
 
 }  // namespace distribute::testing
