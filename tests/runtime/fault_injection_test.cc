@@ -29,19 +29,13 @@ using testing::Fault;
 using testing::Kind;
 using testing::kFaultNames;
 
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
 TEST(FaultInjectionTest, EveryFaultEndsInTheDocumentedErrorAndTheStrategyRecovers) {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
   constexpr std::uint64_t kCases = 30;
 #else
   constexpr std::uint64_t kCases = 200;
 #endif
-  const std::uint64_t first = env_or("DISTRIBUTE_TEST_SEED", 7202611);
-  for (std::uint64_t seed = first; seed < first + env_or("DISTRIBUTE_RANDOMIZED_CASES", kCases); ++seed) {
+  for (std::uint64_t seed : testing::test_seeds(7202611, kCases)) {
     std::mt19937_64 gen(seed);
     const int n = uniform(gen, 2, 8);
     std::vector<Kind> program(static_cast<std::size_t>(uniform(gen, 1, 6)));
@@ -53,8 +47,7 @@ TEST(FaultInjectionTest, EveryFaultEndsInTheDocumentedErrorAndTheStrategyRecover
     if ((fault == Fault::kOtherDtype || fault == Fault::kOtherShape) && program[step] == Kind::kMergeCall) {
       fault = Fault::kThrow;
     }
-    SCOPED_TRACE("seed " + std::to_string(seed) + " (rerun: DISTRIBUTE_TEST_SEED=" + std::to_string(seed) +
-                 " DISTRIBUTE_RANDOMIZED_CASES=1): " + std::to_string(n) + " replicas, " +
+    SCOPED_TRACE(testing::rerun_hint(seed) + ": " + std::to_string(n) + " replicas, " +
                  std::to_string(program.size()) + " collectives; replica " + std::to_string(faulty) + " " +
                  kFaultNames[static_cast<int>(fault)] + " at collective " + std::to_string(step));
     auto s = testing::mirrored(n);

@@ -22,29 +22,16 @@ using testing::random_tensor;
 using testing::reference_gather;
 using testing::reference_reduce;
 
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-// The seeds of a test: DISTRIBUTE_TEST_SEED (default: a fixed one, so CI is
-// reproducible) and the DISTRIBUTE_RANDOMIZED_CASES that follow it.
+// 1000 cases a test (150 under the sanitizers, which run 5 to 15x slower).
 std::vector<std::uint64_t> seeds(std::uint64_t salt) {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  constexpr std::uint64_t kCases = 150;  // the sanitizers run 5 to 15x slower
+  return testing::test_seeds(20261130 + salt * 100000, 150);
 #else
-  constexpr std::uint64_t kCases = 1000;
+  return testing::test_seeds(20261130 + salt * 100000, 1000);
 #endif
-  const std::uint64_t first = env_or("DISTRIBUTE_TEST_SEED", 20261130 + salt * 100000);
-  std::vector<std::uint64_t> out;
-  for (std::uint64_t i = 0; i < env_or("DISTRIBUTE_RANDOMIZED_CASES", kCases); ++i) out.push_back(first + i);
-  return out;
 }
 
-std::string rerun(std::uint64_t seed) {
-  return "seed " + std::to_string(seed) + " (rerun: DISTRIBUTE_TEST_SEED=" + std::to_string(seed) +
-         " DISTRIBUTE_RANDOMIZED_CASES=1)";
-}
+std::string rerun(std::uint64_t seed) { return testing::rerun_hint(seed); }
 
 using testing::RandomCase;
 using testing::random_case;

@@ -7,6 +7,7 @@
 #include <distribute/distribute.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -183,6 +184,26 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
 }
 
 // ---- random cases -------------------------------------------------------------
+
+// The seeds of a randomized test: `cases` of them from `first_default`, or
+// DISTRIBUTE_RANDOMIZED_CASES of them from DISTRIBUTE_TEST_SEED, to rerun the
+// case a failure names.
+inline std::vector<std::uint64_t> test_seeds(std::uint64_t first_default, std::uint64_t cases) {
+  auto env_or = [](const char* name, std::uint64_t fallback) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
+  };
+  const std::uint64_t first = env_or("DISTRIBUTE_TEST_SEED", first_default);
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t i = 0; i < env_or("DISTRIBUTE_RANDOMIZED_CASES", cases); ++i) out.push_back(first + i);
+  return out;
+}
+
+// "seed 12 (rerun: DISTRIBUTE_TEST_SEED=12 DISTRIBUTE_RANDOMIZED_CASES=1)".
+inline std::string rerun_hint(std::uint64_t seed) {
+  return "seed " + std::to_string(seed) + " (rerun: DISTRIBUTE_TEST_SEED=" + std::to_string(seed) +
+         " DISTRIBUTE_RANDOMIZED_CASES=1)";
+}
 
 inline int uniform(std::mt19937_64& gen, int lo, int hi) {
   return lo + static_cast<int>(gen() % static_cast<std::uint64_t>(hi - lo + 1));
