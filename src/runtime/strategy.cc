@@ -135,29 +135,43 @@ CollectiveCall worker_call(StrategyState& st, const CommunicationOptions& option
 // Every worker has checked its own arguments into `sig`; the workers exchange
 // their signatures and raise the same error everywhere if any found a problem
 // or they disagree. Returns every worker's signature, in worker order. With
-// one worker, raises the local verdict.
+// one worker, raises the local verdict. An `extra` payload travels with the
+// signature in the same round; `extras` receives every worker's, in order.
 std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptions& options, Signature& sig,
-                                     ShapeRule rule, int axis) {
+                                     ShapeRule rule, int axis, const std::string* extra = nullptr,
+                                     std::vector<std::string>* extras = nullptr) {
   if (st.workers == nullptr || st.workers->size() == 1) {
     if (sig.error_code) throw_error(*sig.error_code, sig.error);
+    if (extras != nullptr) extras->assign(1, extra != nullptr ? *extra : std::string());
     return {sig};
   }
   CollectiveCall call = worker_call(st, options, "agree");
   sig.sequence = call.sequence;
   call.op = sig.op;
   call.signature_tag = sig.tag(/*with_leaves=*/false);
-  const std::string mine = encode_payload_list({sig.encode()});
   std::vector<std::string> payloads;
+  bool agreed = true;
   try {
-    payloads = st.workers->exchange(mine, call);
+    payloads = st.workers->exchange(
+        extra != nullptr ? encode_payload_list({sig.encode(), *extra}) : encode_payload_list({sig.encode()}), call);
   } catch (const SignatureMismatch&) {
-    // Another worker is in a different collective: exchange anyway, to say which.
+    // Another worker is in a different collective: exchange signatures only
+    // (whatever that collective sends to explain), to say which.
+    agreed = false;
     call.signature_tag = 0;
-    payloads = st.workers->exchange(mine, call);
+    payloads = st.workers->exchange(encode_payload_list({sig.encode()}), call);
   }
   std::vector<Signature> sigs;
+  if (extras != nullptr) extras->clear();
   for (const std::string& p : payloads) {
-    for (const std::string& one : decode_payload_list(p)) sigs.push_back(Signature::decode(one));
+    const std::vector<std::string> list = decode_payload_list(p);
+    if (agreed && extra != nullptr) {
+      // Every worker is in this call: its signature, then its extra payload.
+      sigs.push_back(Signature::decode(list.at(0)));
+      if (extras != nullptr) extras->push_back(list.at(1));
+      continue;
+    }
+    for (const std::string& one : list) sigs.push_back(Signature::decode(one));
   }
   check_signatures(sigs, 0, rule, axis, nullptr, "worker");
   return sigs;
@@ -180,12 +194,13 @@ std::vector<std::string> exchange_across_workers(Strategy& s, std::string payloa
   StrategyState& st = *s.state_;
   if (st.workers == nullptr || st.workers->size() == 1) return {std::move(payload)};
   std::lock_guard<std::recursive_mutex> lock(st.worker_mutex);
-  // First agree that every worker is in this call (else the usual mismatch
-  // error on every worker), then exchange.
+  // The payloads ride on the agreement that every worker is in this call
+  // (else the usual mismatch error on every worker): one round.
   Signature sig;
   sig.op = std::string(api);
-  agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0);
-  return st.workers->exchange(std::move(payload), worker_call(st, s.options_, api));
+  std::vector<std::string> all;
+  agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0, &payload, &all);
+  return all;
 }
 
 }  // namespace internal
