@@ -3,7 +3,10 @@
 // parameters after 50 steps).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -121,7 +124,28 @@ TEST(MlpTest, EmptyBatchGivesZeroGradientsAndBadInputIsRefused) {
 
 // ---- the IDX reader -------------------------------------------------------------------
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + name; }
+// Each test writes into a folder of its own: ctest runs tests in parallel, and two tests
+// sharing a file name once read each other's half-written labels.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           (std::string("distribute_") + info->test_suite_name() + "." + info->name() + "." +
+            std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 void write_gz(const std::string& path, const std::vector<unsigned char>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
@@ -142,6 +166,8 @@ std::vector<unsigned char> idx(std::vector<std::uint32_t> dims, unsigned char fi
 }
 
 TEST(FashionMnistTest, ReadsGzippedIdxAndGathersScaledRows) {
+  const ScratchDir scratch;
+  const auto temp_path = [&](const std::string& name) { return scratch.path(name); };
   write_gz(temp_path("img.gz"), idx({3, 28, 28}, 255));
   write_gz(temp_path("lab.gz"), idx({3}, 7));
   const Examples e = load_idx_pair(temp_path("img.gz"), temp_path("lab.gz"));
@@ -153,6 +179,8 @@ TEST(FashionMnistTest, ReadsGzippedIdxAndGathersScaledRows) {
 }
 
 TEST(FashionMnistTest, MissingOrCorruptFilesAreClearErrors) {
+  const ScratchDir scratch;
+  const auto temp_path = [&](const std::string& name) { return scratch.path(name); };
   std::string msg = expect_throw<NotFoundError>([] { load_fashion_mnist("/nonexistent-dir"); });
   EXPECT_NE(msg.find("/nonexistent-dir/train-images-idx3-ubyte.gz does not exist"), std::string::npos) << msg;
   EXPECT_NE(msg.find("dataset-fashion-mnist"), std::string::npos) << msg;
@@ -160,23 +188,23 @@ TEST(FashionMnistTest, MissingOrCorruptFilesAreClearErrors) {
   auto bad_magic = idx({3, 28, 28}, 1);
   bad_magic[2] = 0x09;  // not unsigned bytes
   write_gz(temp_path("bad_magic.gz"), bad_magic);
-  msg = expect_throw<InvalidArgumentError>([] { load_idx_pair(temp_path("bad_magic.gz"), temp_path("lab.gz")); });
+  msg = expect_throw<InvalidArgumentError>([&] { load_idx_pair(temp_path("bad_magic.gz"), temp_path("lab.gz")); });
   EXPECT_NE(msg.find("magic number"), std::string::npos) << msg;
   auto truncated = idx({3, 28, 28}, 1);
   truncated.resize(truncated.size() - 5);
   write_gz(temp_path("short.gz"), truncated);
-  msg = expect_throw<InvalidArgumentError>([] { load_idx_pair(temp_path("short.gz"), temp_path("lab.gz")); });
+  msg = expect_throw<InvalidArgumentError>([&] { load_idx_pair(temp_path("short.gz"), temp_path("lab.gz")); });
   EXPECT_NE(msg.find("promises 2352 bytes of data, the file has 2347"), std::string::npos) << msg;
   write_gz(temp_path("img2.gz"), idx({2, 28, 28}, 1));
-  msg = expect_throw<InvalidArgumentError>([] { load_idx_pair(temp_path("img2.gz"), temp_path("lab.gz")); });
+  msg = expect_throw<InvalidArgumentError>([&] { load_idx_pair(temp_path("img2.gz"), temp_path("lab.gz")); });
   EXPECT_NE(msg.find("hold 2 images but 3 labels"), std::string::npos) << msg;
   write_gz(temp_path("lab_big.gz"), idx({3}, 12));
   write_gz(temp_path("img3.gz"), idx({3, 28, 28}, 1));
-  msg = expect_throw<InvalidArgumentError>([] { load_idx_pair(temp_path("img3.gz"), temp_path("lab_big.gz")); });
+  msg = expect_throw<InvalidArgumentError>([&] { load_idx_pair(temp_path("img3.gz"), temp_path("lab_big.gz")); });
   EXPECT_NE(msg.find("has label 12"), std::string::npos) << msg;
   // Not gzip and not IDX: a plain file of garbage.
   std::ofstream(temp_path("garbage")) << "hello";
-  msg = expect_throw<InvalidArgumentError>([] { load_idx_pair(temp_path("garbage"), temp_path("lab.gz")); });
+  msg = expect_throw<InvalidArgumentError>([&] { load_idx_pair(temp_path("garbage"), temp_path("lab.gz")); });
   EXPECT_NE(msg.find("less than its header"), std::string::npos) << msg;
 }
 
