@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "testing/hang_watchdog.h"
+
 namespace {
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -40,6 +42,8 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(rank));
   }
+  // ctest gives the whole binary 300 s; one test that hangs is reported well before.
+  distribute::testing::install_hang_watchdog(120);
   int result = RUN_ALL_TESTS();
   int worst = 0;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
