@@ -2,11 +2,14 @@
 #   make demo   installs what is missing, builds, trains on Fashion-MNIST (distribute-train)
 #   make test   installs what is missing, builds, runs every test
 # Sanitizer runs (CI runs both): make test-asan, make test-tsan.
+# Fuzzing (CI runs a minute): make fuzz [FUZZ_SECONDS=3600].
 
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all setup build demo test test-asan test-tsan ci clean
+FUZZ_SECONDS ?= 60
+
+.PHONY: all setup build demo test test-asan test-tsan fuzz ci clean
 
 all: build
 
@@ -33,7 +36,18 @@ test-tsan: setup
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan $(CTEST_FLAGS)
 
-ci: test test-asan test-tsan
+# libFuzzer (clang) with ASan+UBSan: replays the corpus kept in fuzz/corpus/api,
+# then fuzzes for FUZZ_SECONDS; new inputs go to build/fuzz/corpus, a failing
+# input to build/fuzz/crash-* (docs/reliability.md).
+fuzz: setup
+	cmake --preset fuzz
+	cmake --build --preset fuzz -j $(JOBS)
+	mkdir -p build/fuzz/corpus
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 build/fuzz/fuzz/api_fuzzer \
+	  -max_total_time=$(FUZZ_SECONDS) -timeout=30 -print_final_stats=1 -artifact_prefix=build/fuzz/ \
+	  build/fuzz/corpus fuzz/corpus/api
+
+ci: test test-asan test-tsan fuzz
 
 clean:
 	rm -rf build

@@ -196,17 +196,19 @@ class Nest {
   friend bool operator==(const Nest& a, const Nest& b) { return a.node_ == b.node_; }
 
  private:
+  // (Written out, not defaulted: clang checks a defaulted comparison when the
+  // struct is complete, and Nest is not complete yet.)
   struct List {
     std::vector<Nest> items;
-    friend bool operator==(const List&, const List&) = default;
+    friend bool operator==(const List& a, const List& b) { return a.items == b.items; }
   };
   struct Tuple {
     std::vector<Nest> items;
-    friend bool operator==(const Tuple&, const Tuple&) = default;
+    friend bool operator==(const Tuple& a, const Tuple& b) { return a.items == b.items; }
   };
   struct Dict {
     Items items;
-    friend bool operator==(const Dict&, const Dict&) = default;
+    friend bool operator==(const Dict& a, const Dict& b) { return a.items == b.items; }
   };
   void collect_paths(const std::string& prefix, std::vector<std::string>& out) const {
     switch (kind()) {

@@ -172,6 +172,9 @@ namespace internal {
 template <class T>
 using ConstantElement = std::conditional_t<std::is_same_v<T, long>, std::int64_t, T>;
 Tensor make_constant(DType dtype, Shape shape, const void* data);
+// The bytes of a dtype x shape tensor; InvalidArgumentError where they do
+// not fit in int64.
+std::size_t checked_nbytes(DType dtype, const Shape& shape);
 }  // namespace internal
 
 // A tensor of `shape` holding `values` (row-major); sizes must agree.

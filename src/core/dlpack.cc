@@ -1,5 +1,7 @@
 #include "distribute/dlpack.h"
 
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,8 +95,13 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
 Tensor from_dlpack(DLManagedTensor* managed) {
   if (managed == nullptr) throw InvalidArgumentError("from_dlpack: null DLManagedTensor");
   const DLTensor& dl = managed->dl_tensor;
-  if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost) {
-    throw UnimplementedError("from_dlpack: device type " + std::to_string(dl.device.device_type) +
+  // Read as a plain integer: a newer DLPack's device types (kDLHexagon = 16
+  // and up) are not values of this header's enum.
+  std::int32_t device_type = 0;
+  static_assert(sizeof device_type == sizeof dl.device.device_type);
+  std::memcpy(&device_type, &dl.device.device_type, sizeof device_type);
+  if (device_type != kDLCPU && device_type != kDLCUDAHost) {
+    throw UnimplementedError("from_dlpack: device type " + std::to_string(device_type) +
                              " is not supported; this build handles CPU memory only");
   }
   if (dl.ndim < 0) throw InvalidArgumentError("from_dlpack: negative ndim " + std::to_string(dl.ndim));
@@ -125,6 +132,8 @@ Tensor from_dlpack(DLManagedTensor* managed) {
     throw InvalidArgumentError("from_dlpack: byte_offset " + std::to_string(dl.byte_offset) +
                                " is not a multiple of the element size");
   }
+  internal::checked_nbytes(dtype, shape);
+  // Nothing below may throw: once `storage` exists, its deleter owns `managed`.
   std::byte* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
   std::shared_ptr<std::byte> storage(data, [managed](std::byte*) {
     if (managed->deleter) managed->deleter(managed);

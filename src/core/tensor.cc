@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -27,11 +28,24 @@ Shape::Shape(std::span<const std::int64_t> dims) : rank_(static_cast<int>(dims.s
   for (std::int64_t d : dims) {
     if (d < 0) throw InvalidArgumentError("Shape: negative dimension in " + to_string());
   }
+  // num_elements() must not overflow (a shape with a 0 dimension has none).
+  if (std::find(dims.begin(), dims.end(), 0) == dims.end()) {
+    std::int64_t n = 1;
+    for (std::int64_t d : dims) {
+      if (__builtin_mul_overflow(n, d, &n)) {
+        throw InvalidArgumentError("Shape: " + to_string() + " has more than 2^63 - 1 elements");
+      }
+    }
+  }
 }
 
 std::int64_t Shape::num_elements() const {
+  // A 0 first: the product of the other dimensions may not fit in int64
+  // (the constructor checks the count only when there is no 0).
+  const std::int64_t* d = data();
+  if (std::find(d, d + rank_, 0) != d + rank_) return 0;
   std::int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= data()[i];
+  for (int i = 0; i < rank_; ++i) n *= d[i];
   return n;
 }
 
@@ -85,12 +99,22 @@ Tensor::Tensor(DType dtype, Shape shape, std::string device)
   if (nbytes() > 0) std::memset(data_.get(), 0, nbytes());
 }
 
+std::size_t internal::checked_nbytes(DType dtype, const Shape& shape) {
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(shape.num_elements(), static_cast<std::int64_t>(size_of(dtype)), &bytes)) {
+    throw InvalidArgumentError("Tensor: " + std::string(to_string(dtype)) + " of shape " + shape.to_string() +
+                               " would hold more than 2^63 - 1 bytes");
+  }
+  return static_cast<std::size_t>(bytes);
+}
+
 Tensor Tensor::uninitialized(DType dtype, Shape shape, std::string device) {
-  const std::size_t bytes = static_cast<std::size_t>(shape.num_elements()) * size_of(dtype);
+  const std::size_t bytes = internal::checked_nbytes(dtype, shape);
   return from_shared(internal::allocate_storage(bytes), dtype, std::move(shape), std::move(device));
 }
 
 Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string device) {
+  internal::checked_nbytes(dtype, shape);
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);

@@ -3,6 +3,7 @@
 // merge_call), and its count of collectives issued in the run.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,11 @@ struct ReplicaChannel {
   // replica of every worker runs on the same signatures: all raised the same
   // error, nobody waits, so the run need not abort the others' collectives.
   bool agreed_failure = false;
+  // Set by the replica whose merge_fn raised an error that every worker's
+  // merge_fn raised alike (a cross-worker agreement inside it failed): the
+  // other local replicas, released with AbortedError, need not abort the
+  // workers' link either. Shared by the run's replicas; reset before each run.
+  std::atomic<bool>* merge_failure_agreed = nullptr;
 };
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.
@@ -33,6 +39,7 @@ struct RunResources {
   std::shared_ptr<LocalGroup> local;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<ReplicaChannel> channels;
+  std::atomic<bool> merge_failure_agreed{false};
 
   // Before a run: forget the failure and progress of the last one.
   void reset();

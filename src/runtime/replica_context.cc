@@ -356,20 +356,35 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
       internal::ModeGuard mode(internal::ModeEntry{strategy_, strategy_, nullptr, 1, ch.depth});
       result = body(all_args);
     } catch (...) {
-      const std::string why = internal::describe_exception(std::current_exception());
+      const std::exception_ptr error = std::current_exception();
       const std::string msg = "merge_fn of replica " + std::to_string(replica_id_) + " (merge_call #" +
-                              std::to_string(call.sequence) + ") failed with " + why +
-                              "; the other replicas were aborted.";
+                              std::to_string(call.sequence) + ") failed with " +
+                              internal::describe_exception(error) + "; the other replicas were aborted.";
+      // An error every worker's merge_fn raised alike (a reduce_to, gather, ...
+      // inside it found a mismatch between workers) leaves nothing in flight
+      // between workers: their link stays usable, as for the same call outside
+      // merge_call. Anything else may leave other workers waiting: abort them.
+      const bool agreed = internal::take_agreed_worker_error(error);
+      if (agreed) {
+        ch.agreed_failure = true;
+        ch.merge_failure_agreed->store(true);
+      }
       // Release the others (a group of one has nobody waiting, and the default
       // replica context's group is never reset, so it is left alone).
       if (ch.local->size() > 1) ch.local->abort(ErrorCode::kAborted, msg, local_id_);
-      if (ch.comm->size() > 1) ch.comm->abort(ErrorCode::kAborted, msg, local_id_);
+      if (!agreed && ch.comm->size() > 1) ch.comm->abort(ErrorCode::kAborted, msg, local_id_);
       throw;
     }
     ch.local->arrive(local_id_, {.object = result}, wait_result);
     return result;
   }
-  return ch.local->arrive(local_id_, {}, wait_result)[0].object;
+  try {
+    return ch.local->arrive(local_id_, {}, wait_result)[0].object;
+  } catch (const Error&) {
+    // Released by replica 0's failed merge_fn: an agreed failure is agreed here too.
+    if (ch.merge_failure_agreed->load()) ch.agreed_failure = true;
+    throw;
+  }
 }
 
 }  // namespace distribute

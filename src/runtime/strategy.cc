@@ -26,6 +26,7 @@ namespace internal {
 
 void RunResources::reset() {
   local->reset();
+  merge_failure_agreed = false;
   for (auto& ch : channels) {
     ch.sequence = 0;
     ch.data_calls = 0;
@@ -67,6 +68,7 @@ struct StrategyState {
         ReplicaChannel& ch = res->channels[static_cast<std::size_t>(r)];
         ch.comm = res->comms.back().get();
         ch.local = res->local.get();
+        ch.merge_failure_agreed = &res->merge_failure_agreed;
         ch.depth = static_cast<int>(by_depth.size());
         ch.stall_warning_seconds = stall;
       }
@@ -137,6 +139,28 @@ CollectiveCall worker_call(StrategyState& st, const CommunicationOptions& option
 // or they disagree. Returns every worker's signature, in worker order. With
 // one worker, raises the local verdict. An `extra` payload travels with the
 // signature in the same round; `extras` receives every worker's, in order.
+namespace {
+// The last error this thread raised from a failed agreement between workers
+// (code and message): merge_call tells such an error, raised by every
+// worker's merge_fn alike, from one raised by this worker alone.
+thread_local std::optional<std::pair<ErrorCode, std::string>> t_agreed_worker_error;
+}  // namespace
+
+void note_agreed_worker_error(const Error& e) { t_agreed_worker_error.emplace(e.code(), e.message()); }
+
+bool take_agreed_worker_error(const std::exception_ptr& e) {
+  if (!t_agreed_worker_error) return false;
+  const auto agreed = std::move(*t_agreed_worker_error);
+  t_agreed_worker_error.reset();
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& error) {
+    return error.code() == agreed.first && error.message() == agreed.second;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptions& options, Signature& sig,
                                      ShapeRule rule, int axis, const std::string* extra = nullptr,
                                      std::vector<std::string>* extras = nullptr) {
@@ -173,7 +197,12 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
     }
     for (const std::string& one : list) sigs.push_back(Signature::decode(one));
   }
-  check_signatures(sigs, 0, rule, axis, nullptr, "worker");
+  try {
+    check_signatures(sigs, 0, rule, axis, nullptr, "worker");
+  } catch (const Error& e) {
+    note_agreed_worker_error(e);  // every worker raises it here alike
+    throw;
+  }
   return sigs;
 }
 

@@ -298,6 +298,37 @@ TEST(DLPackRejectTest, NegativeOrMissingShape) {
   expect_rejected(negative_ndim, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
 }
 
+// Found by the fuzzer (fuzz/api_fuzzer.cc): a byte count past int64 was
+// accepted, or refused only after the storage that owns `managed` existed,
+// which called the deleter on a refused tensor.
+TEST(DLPackRejectTest, ByteCountPastInt64) {
+  std::vector<float> buf(4);
+  Owned elements(buf.data(), kF32, {std::int64_t{1} << 62, 4});  // 2^64 elements
+  expect_rejected(elements, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("more than 2^63 - 1 elements"), std::string::npos) << e.what();
+  });
+  Owned bytes(buf.data(), kF32, {std::int64_t{1} << 62});  // 2^64 bytes
+  expect_rejected(bytes, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("more than 2^63 - 1 bytes"), std::string::npos) << e.what();
+  });
+}
+
+// Found by the fuzzer under UBSan: a device type of a newer DLPack (16 and up)
+// was loaded as this header's enum, which has no such value.
+TEST(DLPackRejectTest, DeviceTypesOfNewerDLPacksAreUnimplemented) {
+  std::vector<float> buf(2);
+  for (std::int32_t device : {16, 17, 1000}) {
+    Owned o(buf.data(), kF32, {2});
+    std::memcpy(&o.managed.dl_tensor.device.device_type, &device, sizeof device);
+    expect_rejected(o, [&](const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnimplemented);
+      EXPECT_NE(std::string(e.what()).find("device type " + std::to_string(device)), std::string::npos) << e.what();
+    });
+  }
+}
+
 TEST(DLPackRejectTest, NullManagedTensor) { EXPECT_THROW(from_dlpack(nullptr), InvalidArgumentError); }
 
 }  // namespace

@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "testing/hang_watchdog.h"
+
 using namespace distribute;
 
 int main() {
@@ -30,6 +32,13 @@ int main() {
     std::fprintf(stderr, "kill_worker_test: run me under mpirun\n");
     return 2;
   }
+  // A survivor that hangs anyway prints every thread's stack instead of
+  // waiting for ctest's timeout.
+  std::thread watchdog([] {
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    distribute::testing::dump_every_thread_and_exit("kill_worker_test: still running after 60 s");
+  });
+  watchdog.detach();
   MultiWorkerMirroredStrategy strategy(2, link, options);
   const int rank = strategy.worker_rank();
   const bool victim = rank == strategy.num_workers() - 1;

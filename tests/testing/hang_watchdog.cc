@@ -133,12 +133,14 @@ std::vector<std::string> describe_frames(const std::vector<void*>& frames) {
   return out;
 }
 
-void dump_every_thread(const std::string& test, int seconds) {
+}  // namespace
+
+void dump_every_thread_and_exit(const std::string& what) {
   std::fprintf(stderr,
-               "\n*** hang watchdog: %s is still running after %d s (pid %d).\n"
+               "\n*** hang watchdog: %s (pid %d).\n"
                "*** The stack of every thread follows; replica threads are named \"dist replica N\"\n"
                "*** (replica 0 runs on the thread that called Strategy::run).\n",
-               test.c_str(), seconds, static_cast<int>(::getpid()));
+               what.c_str(), static_cast<int>(::getpid()));
   struct sigaction action {};
   action.sa_handler = record_stack;
   sigemptyset(&action.sa_mask);
@@ -167,11 +169,13 @@ void dump_every_thread(const std::string& test, int seconds) {
     const std::vector<std::string> names = describe_frames(frames);
     for (std::size_t i = 0; i < names.size(); ++i) std::fprintf(stderr, "    #%zu %s\n", i, names[i].c_str());
   }
-  std::fprintf(stderr, "\n*** hang watchdog: %s failed (hung); exiting.\n", test.c_str());
+  std::fprintf(stderr, "\n*** hang watchdog: failed (hung); exiting.\n");
   std::fflush(stderr);
   std::fflush(stdout);
   ::_exit(1);
 }
+
+namespace {
 
 class Watchdog : public ::testing::EmptyTestEventListener {
  public:
@@ -209,7 +213,7 @@ class Watchdog : public ::testing::EmptyTestEventListener {
         cv_.wait(lock);
       } else if (cv_.wait_until(lock, deadline_) == std::cv_status::timeout && armed_ && !stopping_ &&
                  std::chrono::steady_clock::now() >= deadline_) {
-        dump_every_thread(test_, seconds_);
+        dump_every_thread_and_exit(test_ + " is still running after " + std::to_string(seconds_) + " s");
       }
     }
   }

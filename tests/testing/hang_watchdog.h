@@ -8,7 +8,13 @@
 // TIMEOUT, so that the dump comes before ctest kills the process.
 #pragma once
 
+#include <string>
+
 namespace distribute::testing {
+
+// Prints `what` hung, then the stack of every thread of the process, and
+// exits with status 1. For programs that watch themselves (distribute-soak).
+[[noreturn]] void dump_every_thread_and_exit(const std::string& what);
 
 // Registers a GoogleTest listener that arms the watchdog at the start of each
 // test and disarms it at its end. Call once, after InitGoogleTest.

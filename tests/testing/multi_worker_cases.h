@@ -310,6 +310,43 @@ inline void MismatchedShapesFailEverywhere(const WorkerEnv& env) {
   }
 }
 
+// A reduce_to inside merge_fn whose values disagree between workers (or
+// between one worker's replicas) fails every worker's merge_fn alike, as the
+// same reduce_to outside merge_call does: the workers' link stays usable.
+// (Found by distribute-soak: the link used to close, so every later run
+// failed with this error.)
+inline void MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable(const WorkerEnv& env) {
+  auto s = env.strategy();
+  for (const bool within_a_worker : {false, true}) {
+    if (within_a_worker ? env.local_replicas < 2 : env.workers < 2) continue;
+    std::string message;
+    const std::string kind = error_kind(
+        [&] {
+          s->run([&](ReplicaContext& ctx) {
+            const int g = ctx.replica_id_in_sync_group();
+            const bool odd_one = within_a_worker ? ctx.local_replica_id() == env.local_replicas - 1
+                                                 : env.worker == env.workers - 1;
+            const Tensor value = fill(DType::kFloat32, Shape{odd_one ? 3 : 2}, g);
+            ctx.merge_call(
+                [](Strategy& strategy, const PerReplica<Tensor>& v) {
+                  return strategy.extended().reduce_to(ReduceOp::kSum, v, v);
+                },
+                value);
+          });
+        },
+        &message);
+    // The replica whose merge_fn ran raised the reduce_to's error; run rethrows it.
+    EXPECT_EQ(kind, "InvalidArgumentError") << message;
+    EXPECT_NE(message.find("reduce_to"), std::string::npos) << message;
+    // Usable: the next run computes the right sum on every worker.
+    const auto sums = s->run([](ReplicaContext& ctx) {
+      return ctx.all_reduce(ReduceOp::kSum, constant(ctx.replica_id_in_sync_group()));
+    });
+    const int n = env.replicas();
+    for (const Tensor& t : s->experimental_local_results(sums)) EXPECT_EQ(t.scalar<int>(), n * (n - 1) / 2);
+  }
+}
+
 inline void ReplicaThrowsAbortsEveryWorker(const WorkerEnv& env) {
   if (env.replicas() < 2) return;
   auto s = env.strategy();
@@ -617,6 +654,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(StrategyReduceGatherAndBroadcastTo)         \
   X(MismatchedCollectivesFailEverywhere)        \
   X(MismatchedShapesFailEverywhere)             \
+  X(MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable) \
   X(ReplicaThrowsAbortsEveryWorker)             \
   X(LateWorkerTimesOutEverywhere)               \
   X(UnequalLocalReplicaCountsAreRejected)      \

@@ -17,6 +17,7 @@
 
 #include <distribute/distribute.h>
 
+#include "flags.h"
 #include "trainer.h"
 
 #ifdef DIST_HAVE_MPI
@@ -56,36 +57,9 @@ struct Args {
   int blas_threads = 1;
 };
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::int64_t parse_int(const std::string& flag, const std::string& text, std::int64_t min) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty()) throw UsageError(flag + " needs a whole number, got '" + text + "'");
-  if (v < min) throw UsageError(flag + " must be >= " + std::to_string(min) + ", got " + text);
-  return v;
-}
-
-double parse_positive(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || !(v > 0) || !std::isfinite(v)) {
-    throw UsageError(flag + " needs a number > 0, got '" + text + "'");
-  }
-  return v;
-}
+using tools::parse_int;
+using tools::parse_positive;
+using tools::UsageError;
 
 Args parse(int argc, char** argv) {
   Args a;

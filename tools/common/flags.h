@@ -1,0 +1,45 @@
+// Command-line flag values for the tools (distribute-train, distribute-soak):
+// a bad value is a UsageError that names the flag, never a crash.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace distribute::tools {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A whole number >= min.
+inline std::int64_t parse_int(const std::string& flag, const std::string& text, std::int64_t min) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty()) throw UsageError(flag + " needs a whole number, got '" + text + "'");
+  if (v < min) throw UsageError(flag + " must be >= " + std::to_string(min) + ", got " + text);
+  return v;
+}
+
+// A finite number > 0.
+inline double parse_positive(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || !(v > 0) || !std::isfinite(v)) {
+    throw UsageError(flag + " needs a number > 0, got '" + text + "'");
+  }
+  return v;
+}
+
+}  // namespace distribute::tools
