@@ -3,7 +3,7 @@
 # (OpenMPI processes on this host) over the same sizes, in one run, and prints
 # the ratio of our bus bandwidth (and latency) to OpenMPI's per size.
 #
-#   bench/compare_mpi.sh [--op all_reduce|all_gather|broadcast] [--replicas N] [-b MIN] [-e MAX] [-f F] [--iters N]
+#   bench/compare_mpi.sh [--op all_reduce|all_gather|broadcast|reduce_scatter] [--replicas N] [-b MIN] [-e MAX] [-f F] [--iters N]
 # Needs a release build (make build) with OpenMPI found at configure time.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 // distribute-mpi-bench: the same sweep as distribute-bench, run with OpenMPI's
-// own collectives (MPI_Allreduce, MPI_Allgather, MPI_Bcast) between processes
+// own collectives (MPI_Allreduce, MPI_Allgather, MPI_Bcast, MPI_Reduce_scatter_block) between processes
 // on this host, so bench/compare_mpi.sh can print the two side by side.
 // Rank 0 times each operation after a barrier; rows give the median and min.
 //
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
-  if (op != "all_reduce" && op != "all_gather" && op != "broadcast") {
+  if (op != "all_reduce" && op != "all_gather" && op != "broadcast" && op != "reduce_scatter") {
     if (rank == 0) std::fprintf(stderr, "distribute-mpi-bench: unknown --op %s\n", op.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
@@ -68,9 +68,12 @@ int main(int argc, char** argv) {
   for (std::size_t bytes = min_bytes; bytes <= max_bytes;
        bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * factor))) {
     std::size_t count = std::max<std::size_t>(1, bytes / sizeof(float));
-    if (op == "all_gather") count = std::max<std::size_t>(1, count / static_cast<std::size_t>(size)) * static_cast<std::size_t>(size);
-    const std::size_t per_rank = op == "all_gather" ? count / static_cast<std::size_t>(size) : count;
-    std::vector<float> send(per_rank, static_cast<float>(rank + 1)), recv(count, 0.f);  // touched before timing
+    const bool blocks = op == "all_gather" || op == "reduce_scatter";
+    if (blocks) count = std::max<std::size_t>(1, count / static_cast<std::size_t>(size)) * static_cast<std::size_t>(size);
+    const std::size_t block = count / static_cast<std::size_t>(size);
+    const std::size_t per_rank = op == "all_gather" ? block : count;
+    // (touched before timing)
+    std::vector<float> send(per_rank, static_cast<float>(rank + 1)), recv(op == "reduce_scatter" ? block : count, 0.f);
     std::vector<double> times;
     for (int it = 0; it < warmup + iters; ++it) {
       MPI_Barrier(MPI_COMM_WORLD);
@@ -80,6 +83,8 @@ int main(int argc, char** argv) {
       } else if (op == "all_gather") {
         MPI_Allgather(send.data(), static_cast<int>(per_rank), MPI_FLOAT, recv.data(), static_cast<int>(per_rank),
                       MPI_FLOAT, MPI_COMM_WORLD);
+      } else if (op == "reduce_scatter") {
+        MPI_Reduce_scatter_block(send.data(), recv.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       } else {
         MPI_Bcast(recv.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
       }
@@ -92,7 +97,7 @@ int main(int argc, char** argv) {
       const double total = static_cast<double>(count * sizeof(float));
       const double algbw = total / (median * 1e3);
       const double busbw = algbw * (op == "all_reduce" ? 2.0 * (size - 1) / size
-                                    : op == "all_gather" ? static_cast<double>(size - 1) / size
+                                    : blocks ? static_cast<double>(size - 1) / size
                                                          : 1.0);
       std::printf("  %12zu %11zu %11.2f %10.2f %11.3f %11.3f\n", count * sizeof(float), count, median, times.front(),
                   algbw, busbw);

@@ -73,6 +73,14 @@ class Communicator {
   };
   virtual void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                    const CollectiveCall& call, std::int64_t mean_divisor = 0);
+  // Every rank passes the same counts and a send buffer of their sum; rank r
+  // receives counts[r] elements: op over every rank's send, combined in rank
+  // order, of the block that starts at counts[0] + ... + counts[r-1] (MEAN
+  // divides by `mean_divisor`, or size() when 0). As MPI_Reduce_scatter;
+  // recv must not overlap send. The default all-reduces the whole buffer and
+  // keeps this rank's block; a backend may do better.
+  virtual void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                              ReduceOp op, const CollectiveCall& call, std::int64_t mean_divisor = 0);
   // Rank r contributes outer * counts[r] elements, seen as `outer` rows of
   // counts[r]. recv holds `outer` rows, each the concatenation of every
   // rank's row in rank order (outer == 1: plain all-gather-v).

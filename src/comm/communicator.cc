@@ -27,4 +27,19 @@ void Communicator::all_reduce_segments(std::span<const Segment> segments, DType 
   }
 }
 
+void Communicator::reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype,
+                                  ReduceOp op, const CollectiveCall& call, std::int64_t mean_divisor) {
+  const std::size_t esz = size_of(dtype);
+  std::size_t total = 0;
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    if (static_cast<int>(r) == rank()) offset = total;
+    total += counts[r];
+  }
+  std::shared_ptr<std::byte> block = internal::allocate_storage(total * esz);
+  all_reduce(send, block.get(), total, dtype, op, call, mean_divisor);
+  const std::size_t mine = counts[static_cast<std::size_t>(rank())] * esz;
+  if (mine) std::memcpy(recv, block.get() + offset * esz, mine);
+}
+
 }  // namespace distribute

@@ -92,6 +92,82 @@ INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceTest,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
+// ---- reduce_scatter --------------------------------------------------------------
+
+// Rank r's counts[r] elements against the reference, for the engine's own
+// reduce_scatter and for the base class's default (all_reduce, keep a block),
+// which the MPI and hierarchical backends use.
+void check_reduce_scatter(int n, const std::vector<std::size_t>& counts, DType dtype, ReduceOp op, bool base) {
+  auto group = std::make_shared<LocalGroup>(n);
+  std::size_t total = 0;
+  std::vector<std::size_t> offsets;
+  for (std::size_t c : counts) {
+    offsets.push_back(total);
+    total += c;
+  }
+  const std::size_t esz = size_of(dtype);
+  std::vector<std::vector<std::byte>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    send[static_cast<std::size_t>(r)].resize(total * esz + 1);
+    recv[static_cast<std::size_t>(r)].resize(counts[static_cast<std::size_t>(r)] * esz + 1);
+    visit_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* p = reinterpret_cast<T*>(send[static_cast<std::size_t>(r)].data());
+      for (std::size_t i = 0; i < total; ++i) p[i] = to_dtype<T>(input_value(dtype, r, i));
+    });
+  }
+  auto errors = run_threads(n, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    const void* in = send[static_cast<std::size_t>(r)].data();
+    void* out = recv[static_cast<std::size_t>(r)].data();
+    if (base) {
+      comm.Communicator::reduce_scatter(in, out, counts, dtype, op, call("reduce_scatter"));
+    } else {
+      comm.reduce_scatter(in, out, counts, dtype, op, call("reduce_scatter"));
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for (int r = 0; r < n; ++r) {
+      const T* p = reinterpret_cast<const T*>(recv[static_cast<std::size_t>(r)].data());
+      for (std::size_t j = 0; j < counts[static_cast<std::size_t>(r)]; ++j) {
+        const T want = expected_value<T>(op, n, offsets[static_cast<std::size_t>(r)] + j, dtype);
+        ASSERT_TRUE(same_bits(p[j], want)) << "rank " << r << " element " << j << " of its block";
+      }
+    }
+  });
+}
+
+class ReduceScatterTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp>> {};
+
+TEST_P(ReduceScatterTest, EachRankGetsItsBlockOfTheReduction) {
+  const auto [dtype, op] = GetParam();
+  for (int n : {1, 2, 3, 4, 7, 8}) {
+    // Equal blocks around the 1 KiB latency path (total bytes) and the 64 KiB
+    // chunk; ragged blocks, an empty one among them.
+    std::vector<std::vector<std::size_t>> layouts;
+    for (std::size_t c : {0u, 1u, 7u, 64u, 257u, 20000u}) layouts.emplace_back(static_cast<std::size_t>(n), c);
+    std::vector<std::size_t> ragged;
+    for (int r = 0; r < n; ++r) ragged.push_back(r == 0 ? 0 : static_cast<std::size_t>(3 * r + 17000 * (r % 2)));
+    layouts.push_back(ragged);
+    for (const auto& counts : layouts) {
+      for (bool base : {false, true}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " counts[last]=" + std::to_string(counts.back()) +
+                     (base ? " (the base class's default)" : ""));
+        check_reduce_scatter(n, counts, dtype, op, base);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, ReduceScatterTest,
+                         ::testing::Combine(::testing::ValuesIn(kAllDTypes), ::testing::ValuesIn(kAllReduceOps)),
+                         [](const auto& p) {
+                           return std::string(to_string(std::get<0>(p.param))) + "_" +
+                                  std::string(to_string(std::get<1>(p.param)));
+                         });
+
 // Messages of 4 MiB and more take the streaming (non-temporal store) path.
 TEST(AllReduceStreamingTest, LargeMessagesMatchReference) {
   const std::tuple<DType, ReduceOp, int> cases[] = {{DType::kFloat32, ReduceOp::kSum, 2},

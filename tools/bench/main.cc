@@ -61,11 +61,13 @@ struct Options {
 [[noreturn]] void usage(const std::string& error) {
   std::fprintf(stderr,
                "distribute-bench: %s\n"
-               "usage: distribute-bench [--op all_reduce|all_gather|broadcast] [--replicas N] [--dtype float32|...]\n"
+               "usage: distribute-bench [--op all_reduce|all_gather|broadcast|reduce_scatter] [--replicas N]\n"
+               "                        [--dtype float32|...]\n"
                "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
                "                        [--iters N] [--warmup N] [--check] [--api raw|tensor] [--csv FILE]\n"
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
-               "sizes take K, M, G suffixes (powers of 1024)\n",
+               "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
+               "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
   std::exit(2);
 }
@@ -117,7 +119,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
     else usage("unknown flag '" + a + "'");
   }
-  if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast") usage("unknown --op '" + o.op + "'");
+  if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast" && o.op != "reduce_scatter") {
+    usage("unknown --op '" + o.op + "'");
+  }
+  if (o.op == "reduce_scatter" && o.api != "raw") {
+    usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
+  }
   if (o.api != "raw" && o.api != "tensor") usage("--api must be raw or tensor");
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
@@ -150,23 +157,40 @@ Tensor make_input(DType dtype, int r, std::size_t count) {
   return t;
 }
 
-// Elements of `out` (of replica `r`) that differ from the expected result.
-std::size_t count_wrong(const Options& o, const Tensor& out, std::size_t count, int n) {
+// Element i of the reduction over n replicas, by a plain loop in double,
+// rounded to the dtype.
+double reduced_value(const Options& o, std::size_t i, int n) {
+  double acc = input_value(0, i);
+  for (int q = 1; q < n; ++q) {
+    const double x = input_value(q, i);
+    if (o.redop == ReduceOp::kSum || o.redop == ReduceOp::kMean) acc += x;
+    if (o.redop == ReduceOp::kProduct) acc *= x;
+    if (o.redop == ReduceOp::kMin) acc = std::min(acc, x);
+    if (o.redop == ReduceOp::kMax) acc = std::max(acc, x);
+  }
+  if (o.redop == ReduceOp::kMean) acc = is_floating(o.dtype) ? acc / n : std::trunc(acc / n);
+  return o.dtype == DType::kBool ? (acc != 0) : scalar(o.dtype, acc).element_as_double(0);
+}
+
+// Elements of `out` (of replica `r`) that differ from the expected result
+// (`count`: the elements of the operation; reduce_scatter gives each replica
+// its count / n).
+std::size_t count_wrong(const Options& o, const Tensor& out, std::size_t count, int n, int r) {
   std::size_t wrong = 0;
+  if (o.op == "reduce_scatter") {
+    const std::size_t per = count / static_cast<std::size_t>(n);
+    for (std::size_t j = 0; j < per; ++j) {
+      if (out.element_as_double(static_cast<std::int64_t>(j)) !=
+          reduced_value(o, static_cast<std::size_t>(r) * per + j, n)) {
+        ++wrong;
+      }
+    }
+    return wrong;
+  }
   for (std::size_t i = 0; i < count; ++i) {
     double want = 0;
     if (o.op == "all_reduce") {
-      // The expected value by a plain loop in double, rounded to the dtype.
-      double acc = input_value(0, i);
-      for (int q = 1; q < n; ++q) {
-        const double x = input_value(q, i);
-        if (o.redop == ReduceOp::kSum || o.redop == ReduceOp::kMean) acc += x;
-        if (o.redop == ReduceOp::kProduct) acc *= x;
-        if (o.redop == ReduceOp::kMin) acc = std::min(acc, x);
-        if (o.redop == ReduceOp::kMax) acc = std::max(acc, x);
-      }
-      if (o.redop == ReduceOp::kMean) acc = is_floating(o.dtype) ? acc / n : std::trunc(acc / n);
-      want = o.dtype == DType::kBool ? (acc != 0) : scalar(o.dtype, acc).element_as_double(0);
+      want = reduced_value(o, i, n);
     } else if (o.op == "all_gather") {
       const std::size_t per = count / static_cast<std::size_t>(n);
       want = scalar(o.dtype, input_value(static_cast<int>(i / per), i % per)).element_as_double(0);
@@ -188,7 +212,7 @@ struct Row {
 double bus_factor(const std::string& op, int n) {
   if (n == 1) return op == "broadcast" ? 1 : 0;
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "all_gather") return static_cast<double>(n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
   return 1;
 }
 
@@ -248,10 +272,13 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       internal::SharedMemoryCommunicator comm(group, r);
-      const std::size_t in_count = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;
+      const std::size_t per = count / static_cast<std::size_t>(n);
+      const std::size_t in_count = o.op == "all_gather" ? per : count;
+      const std::size_t out_count = o.op == "reduce_scatter" ? per : count;
       Tensor in = make_input(o.dtype, r, in_count);
-      Tensor out = o.op == "broadcast" ? in : Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(count)});
-      std::vector<std::size_t> counts(static_cast<std::size_t>(n), in_count);
+      Tensor out =
+          o.op == "broadcast" ? in : Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(out_count)});
+      std::vector<std::size_t> counts(static_cast<std::size_t>(n), per);
       CollectiveCall call{.op = o.op, .sequence = 0, .timeout_seconds = 600};
       for (int it = 0; it < o.warmup + o.iters; ++it) {
         ++call.sequence;
@@ -261,6 +288,8 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
           comm.all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
         } else if (o.op == "all_gather") {
           comm.all_gather_v(in.raw_data(), out.mutable_raw_data(), counts, 1, o.dtype, call);
+        } else if (o.op == "reduce_scatter") {
+          comm.reduce_scatter(in.raw_data(), out.mutable_raw_data(), counts, o.dtype, o.redop, call);
         } else {
           comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
         }
@@ -336,8 +365,8 @@ int run_batch(const Options& o) {
       if (r == 0 && it >= o.warmup) separate.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     if (o.check && r == 0) {
-      for (const Tensor& t : out) wrong += count_wrong(o, t, count, o.replicas);
-      for (const Tensor& t : single) wrong += count_wrong(o, t, count, o.replicas);
+      for (const Tensor& t : out) wrong += count_wrong(o, t, count, o.replicas, 0);
+      for (const Tensor& t : single) wrong += count_wrong(o, t, count, o.replicas, 0);
     }
   });
   std::sort(packed.begin(), packed.end());
@@ -381,6 +410,7 @@ double median(std::vector<double> v) {
 
 int run_multi_worker(const Options& o) {
   if (o.op == "broadcast") usage("--op broadcast is not measured under mpirun (broadcast_to is local to a worker)");
+  if (o.op == "reduce_scatter") usage("--op reduce_scatter is measured in one process only (the threads engine)");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   MultiWorkerMirroredStrategy strategy(o.replicas, link);
   const int workers = strategy.num_workers(), n = strategy.num_replicas_in_sync();
@@ -445,7 +475,7 @@ int run_multi_worker(const Options& o) {
         t1 = Clock::now();
         if (it >= o.warmup) theirs.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       }
-      if (o.check && timer) wrong = count_wrong(o, out, count, n);
+      if (o.check && timer) wrong = count_wrong(o, out, count, n, 0);
     });
     total_wrong += wrong;
     if (!leader) continue;
@@ -492,8 +522,10 @@ int main(int argc, char** argv) {
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
        bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * o.factor))) {
     std::size_t count = std::max<std::size_t>(1, bytes / esz);
-    if (o.op == "all_gather") count = std::max<std::size_t>(1, count / static_cast<std::size_t>(o.replicas)) *
-                                      static_cast<std::size_t>(o.replicas);
+    if (o.op == "all_gather" || o.op == "reduce_scatter") {
+      count = std::max<std::size_t>(1, count / static_cast<std::size_t>(o.replicas)) *
+              static_cast<std::size_t>(o.replicas);
+    }
     Row row;
     row.count = count;
     row.bytes = count * esz;
@@ -508,7 +540,9 @@ int main(int argc, char** argv) {
     row.busbw = row.algbw * bus_factor(o.op, o.replicas);
     row.faults_per_op = faults.per_op;
     if (o.check) {
-      for (int r = 0; r < o.replicas; ++r) row.wrong += count_wrong(o, results[static_cast<std::size_t>(r)], count, o.replicas);
+      for (int r = 0; r < o.replicas; ++r) {
+        row.wrong += count_wrong(o, results[static_cast<std::size_t>(r)], count, o.replicas, r);
+      }
     }
     row.memcpy_bw = memcpy_reference(o.replicas, row.bytes, std::min(o.iters, 10));
     std::printf("  %12zu %11zu %8s %7s %11.2f %10.2f %11.3f %11.3f %7s %9.1f %12.3f %9.2f\n", row.bytes, row.count,

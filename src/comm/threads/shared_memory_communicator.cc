@@ -184,6 +184,50 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
   group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still use its buffers
 }
 
+void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                                              DType dtype, ReduceOp op, const CollectiveCall& call,
+                                              std::int64_t mean_divisor) {
+  const int n = size();
+  const std::size_t esz = size_of(dtype);
+  std::size_t total = 0;
+  std::size_t offset = 0;  // of this member's block
+  for (int q = 0; q < n; ++q) {
+    if (q == rank_) offset = total;
+    total += counts[static_cast<std::size_t>(q)];
+  }
+  const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
+  const bool identity = n == 1 && !(op == ReduceOp::kMean && divisor > 1);
+  SourceList source_list(n);
+  const void** srcs = source_list.data();
+  // Reduces elements [at, at + len) of this member's block into recv.
+  auto reduce_block = [&](const auto& entries, std::size_t at, std::size_t len) {
+    for (int q = 0; q < n; ++q) {
+      srcs[q] = static_cast<const std::byte*>(entries[static_cast<std::size_t>(q)].send) + (offset + at) * esz;
+    }
+    auto* out = static_cast<std::byte*>(recv) + at * esz;
+    if (identity) {
+      std::memcpy(out, srcs[0], len * esz);
+    } else {
+      reduce_sources(out, {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
+    }
+  };
+
+  if (total * esz <= kLatencyPathBytes) {
+    // Latency path: one round through the inline areas, as all_reduce's.
+    std::byte* area = group_->inline_area(rank_);
+    if (total) std::memcpy(area, send, total * esz);
+    const auto& entries = group_->arrive(rank_, {.send = area, .tag = call.signature_tag}, call);
+    if (mine) reduce_block(entries, 0, mine);
+    return;
+  }
+  // Bandwidth path: this member's block only, chunk by chunk from every input.
+  const auto& entries = group_->arrive(rank_, {.send = send, .tag = call.signature_tag}, call);
+  const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
+  for (std::size_t at = 0; at < mine; at += chunk) reduce_block(entries, at, std::min(chunk, mine - at));
+  if (n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still read its input
+}
+
 void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
                                             std::size_t outer, DType dtype, const CollectiveCall& call) {
   const int n = size();

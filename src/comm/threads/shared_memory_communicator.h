@@ -43,6 +43,10 @@ class SharedMemoryCommunicator final : public Communicator {
   // The bandwidth path straight from and into every segment: no staging copy.
   void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op, const CollectiveCall& call,
                            std::int64_t mean_divisor = 0) override;
+  // Each member reduces its own block straight from every member's send
+  // buffer into its recv: no staging, nothing copied to the others.
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
+                      const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                     DType dtype, const CollectiveCall& call) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
