@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
@@ -376,7 +377,9 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
   auto owned = std::make_unique<Owned>();
   owned->deleted = &deleted;
   DLTensor& t = owned->managed.dl_tensor;
-  t.device.device_type = static_cast<DLDeviceType>(in.ConsumeIntegralInRange<int>(0, 16));
+  // Device types of newer DLPacks are not values of this header's enum: store the bytes.
+  const std::int32_t device_type = in.ConsumeIntegralInRange<std::int32_t>(0, 20);
+  std::memcpy(&t.device.device_type, &device_type, sizeof device_type);
   t.device.device_id = in.ConsumeIntegralInRange<int>(-1, 2);
   t.dtype.code = in.ConsumeIntegral<std::uint8_t>() % 8;
   t.dtype.bits = in.PickValueInArray<std::uint8_t>({0, 1, 8, 16, 32, 64, 128, 7});
@@ -405,7 +408,8 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
   t.byte_offset = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::uint64_t>(0, 16);
   // Enough bytes for any accepted small tensor (5^4 elements of 16 bytes, plus the offset).
   owned->data.resize(5 * 5 * 5 * 5 * 16 + 16);
-  t.data = owned->data.data();
+  // Null data: allowed for an empty tensor only.
+  t.data = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? nullptr : owned->data.data();
   t.shape = rank > 0 ? owned->shape.data() : nullptr;
   t.strides = owned->strides.empty() ? nullptr : owned->strides.data();
   owned->managed.manager_ctx = owned.get();

@@ -134,7 +134,8 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   }
   internal::checked_nbytes(dtype, shape);
   // Nothing below may throw: once `storage` exists, its deleter owns `managed`.
-  std::byte* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
+  // (Null data is allowed for an empty tensor; no offset is added to it.)
+  std::byte* data = dl.data == nullptr ? nullptr : static_cast<std::byte*>(dl.data) + dl.byte_offset;
   std::shared_ptr<std::byte> storage(data, [managed](std::byte*) {
     if (managed->deleter) managed->deleter(managed);
   });

@@ -28,13 +28,13 @@ Shape::Shape(std::span<const std::int64_t> dims) : rank_(static_cast<int>(dims.s
   for (std::int64_t d : dims) {
     if (d < 0) throw InvalidArgumentError("Shape: negative dimension in " + to_string());
   }
-  // num_elements() must not overflow (a shape with a 0 dimension has none).
-  if (std::find(dims.begin(), dims.end(), 0) == dims.end()) {
-    std::int64_t n = 1;
-    for (std::int64_t d : dims) {
-      if (__builtin_mul_overflow(n, d, &n)) {
-        throw InvalidArgumentError("Shape: " + to_string() + " has more than 2^63 - 1 elements");
-      }
+  // The product of the non-zero dimensions must fit in int64: then
+  // num_elements() and every product of some of the dimensions (rows, strides)
+  // do, even for an empty shape such as (2^62, 4, 0).
+  std::int64_t n = 1;
+  for (std::int64_t d : dims) {
+    if (d != 0 && __builtin_mul_overflow(n, d, &n)) {
+      throw InvalidArgumentError("Shape: " + to_string() + " has more than 2^63 - 1 elements");
     }
   }
 }
@@ -299,7 +299,11 @@ Tensor concat(std::span<const Tensor> tensors, int axis) {
                                    ", tensor " + std::to_string(k) + " has " + t.shape().to_string());
       }
     }
-    dims[static_cast<std::size_t>(axis)] += t.shape()[axis];
+    if (__builtin_add_overflow(dims[static_cast<std::size_t>(axis)], t.shape()[axis],
+                               &dims[static_cast<std::size_t>(axis)])) {
+      throw InvalidArgumentError("concat: the sizes along axis " + std::to_string(axis) +
+                                 " add up to more than 2^63 - 1");
+    }
   }
   Tensor out = Tensor::uninitialized(first.dtype(), Shape(dims), first.device());
   std::int64_t outer = 1;

@@ -354,6 +354,7 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   if (local_id_ == 0) {
     try {
       internal::ModeGuard mode(internal::ModeEntry{strategy_, strategy_, nullptr, 1, ch.depth});
+      internal::forget_agreed_worker_error();  // only an agreement inside this merge_fn counts
       result = body(all_args);
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
@@ -364,7 +365,8 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
       // inside it found a mismatch between workers) leaves nothing in flight
       // between workers: their link stays usable, as for the same call outside
       // merge_call. Anything else may leave other workers waiting: abort them.
-      const bool agreed = internal::take_agreed_worker_error(error);
+      // (The default replica context has no run, hence no shared flag.)
+      const bool agreed = internal::take_agreed_worker_error(error) && ch.merge_failure_agreed != nullptr;
       if (agreed) {
         ch.agreed_failure = true;
         ch.merge_failure_agreed->store(true);
@@ -382,7 +384,7 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
     return ch.local->arrive(local_id_, {}, wait_result)[0].object;
   } catch (const Error&) {
     // Released by replica 0's failed merge_fn: an agreed failure is agreed here too.
-    if (ch.merge_failure_agreed->load()) ch.agreed_failure = true;
+    if (ch.merge_failure_agreed != nullptr && ch.merge_failure_agreed->load()) ch.agreed_failure = true;
     throw;
   }
 }

@@ -54,7 +54,10 @@ GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members,
   for (std::size_t q = 0; q < members; ++q) {
     const std::int64_t n = along(q);
     layout.counts.push_back(static_cast<std::size_t>(n * inner));
-    dims[static_cast<std::size_t>(a)] += n;
+    if (__builtin_add_overflow(dims[static_cast<std::size_t>(a)], n, &dims[static_cast<std::size_t>(a)])) {
+      throw InvalidArgumentError("all_gather: the sizes along axis " + std::to_string(a) +
+                                 " add up to more than 2^63 - 1");
+    }
   }
   layout.shape = Shape(dims);
   return layout;

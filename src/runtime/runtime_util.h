@@ -17,9 +17,11 @@ namespace distribute::internal {
 // "InvalidArgumentError: message" / "std::out_of_range: message".
 std::string describe_exception(const std::exception_ptr& e);
 // A failed agreement between workers raises the same error on every worker;
-// note_agreed_worker_error records it (per thread) as it is thrown, and
-// take_agreed_worker_error says whether `e` is that error (and forgets it).
-void note_agreed_worker_error(const Error& e);
+// note_agreed_worker_error records the exception being thrown (per thread,
+// called inside its catch block), take_agreed_worker_error says whether `e` is
+// that very exception (and forgets it), forget_agreed_worker_error forgets it.
+void note_agreed_worker_error();
+void forget_agreed_worker_error();
 bool take_agreed_worker_error(const std::exception_ptr& e);
 // A non-negative number of seconds from the environment; 0 when unset.
 double env_seconds(const char* name);

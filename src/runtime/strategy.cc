@@ -140,25 +140,21 @@ CollectiveCall worker_call(StrategyState& st, const CommunicationOptions& option
 // one worker, raises the local verdict. An `extra` payload travels with the
 // signature in the same round; `extras` receives every worker's, in order.
 namespace {
-// The last error this thread raised from a failed agreement between workers
-// (code and message): merge_call tells such an error, raised by every
-// worker's merge_fn alike, from one raised by this worker alone.
-thread_local std::optional<std::pair<ErrorCode, std::string>> t_agreed_worker_error;
+// The exception object this thread last threw from a failed agreement between
+// workers: merge_call tells such an error, raised by every worker's merge_fn
+// alike, from one raised by this worker alone. Compared by identity, so that
+// a copy or another error with the same text does not pass for it.
+thread_local std::exception_ptr t_agreed_worker_error;
 }  // namespace
 
-void note_agreed_worker_error(const Error& e) { t_agreed_worker_error.emplace(e.code(), e.message()); }
+void note_agreed_worker_error() { t_agreed_worker_error = std::current_exception(); }
+
+void forget_agreed_worker_error() { t_agreed_worker_error = nullptr; }
 
 bool take_agreed_worker_error(const std::exception_ptr& e) {
-  if (!t_agreed_worker_error) return false;
-  const auto agreed = std::move(*t_agreed_worker_error);
-  t_agreed_worker_error.reset();
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& error) {
-    return error.code() == agreed.first && error.message() == agreed.second;
-  } catch (...) {
-    return false;
-  }
+  const bool agreed = t_agreed_worker_error != nullptr && e == t_agreed_worker_error;
+  t_agreed_worker_error = nullptr;
+  return agreed;
 }
 
 std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptions& options, Signature& sig,
@@ -199,8 +195,8 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
   }
   try {
     check_signatures(sigs, 0, rule, axis, nullptr, "worker");
-  } catch (const Error& e) {
-    note_agreed_worker_error(e);  // every worker raises it here alike
+  } catch (const Error&) {
+    note_agreed_worker_error();  // every worker raises it here alike
     throw;
   }
   return sigs;

@@ -72,8 +72,14 @@ TEST(ShapeTest, ElementAndByteCountsMustFitInInt64) {
   constexpr std::int64_t kHuge = std::int64_t{1} << 62;
   EXPECT_THROW(Shape({kHuge, 4}), InvalidArgumentError);
   EXPECT_THROW(Shape({kHuge, kHuge}), InvalidArgumentError);
-  EXPECT_EQ(Shape({kHuge, 0, kHuge}).num_elements(), 0);  // empty: no overflow
-  EXPECT_EQ(Shape({kHuge, kHuge, 0}).num_elements(), 0);  // (found by the fuzzer under UBSan)
+  // Empty shapes too: the non-zero dimensions' product must fit, so that row
+  // counts and strides of the shape do. (Found by the fuzzer under UBSan.)
+  EXPECT_EQ(Shape({kHuge, 1, 0}).num_elements(), 0);
+  EXPECT_THROW(Shape({kHuge, 0, kHuge}), InvalidArgumentError);
+  EXPECT_THROW(Shape({kHuge, kHuge, 0}), InvalidArgumentError);
+  // Sizes along the concatenation axis that add up past int64.
+  const Tensor big(DType::kFloat32, Shape({kHuge, 0}));
+  EXPECT_THROW(concat({big, big}, 0), InvalidArgumentError);
   EXPECT_EQ(Shape({kHuge, 1}).num_elements(), kHuge);
   // 2^61 float64s are 2^64 bytes: refused before anything is allocated.
   EXPECT_THROW(Tensor(DType::kFloat64, Shape({std::int64_t{1} << 61})), InvalidArgumentError);

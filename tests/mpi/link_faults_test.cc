@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
     again = describe(e);
   }
   const double again_seconds = std::chrono::duration<double>(Clock::now() - again_start).count();
-  if (again.empty() || again_seconds > 1.0) {
+  if (again.empty() || again_seconds > 3.0) {
     report(false, where + ": after " + first_error + ", the next run " +
                       (again.empty() ? std::string("succeeded") : "took " + std::to_string(again_seconds) + " s"));
     _exit(0);

@@ -347,6 +347,36 @@ inline void MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable(const WorkerEnv&
   }
 }
 
+// A merge_fn that throws on one worker only (nothing agreed between workers)
+// still aborts the others at once and closes the link, as a replica that
+// throws does: the agreed-error path above must not take it for one.
+inline void MergeFnThrowingOnOneWorkerAbortsTheOthers(const WorkerEnv& env) {
+  if (env.workers < 2) return;
+  auto s = env.strategy();
+  const int thrower = env.workers - 1;
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string kind = error_kind(
+      [&] {
+        s->run([&](ReplicaContext& ctx) {
+          ctx.merge_call(
+              [&](Strategy& strategy, const PerReplica<Tensor>& v) {
+                if (env.worker == thrower) throw std::runtime_error("boom in the last worker's merge_fn");
+                return strategy.extended().reduce_to(ReduceOp::kSum, v, v);
+              },
+              constant(1.f));
+        });
+      },
+      &message);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(message.find("boom in the last worker's merge_fn"), std::string::npos) << message;
+  EXPECT_EQ(kind, env.worker == thrower ? "std::exception" : "AbortedError") << message;
+  EXPECT_LT(seconds, 10.0) << "the failure took " << seconds << " s to reach worker " << env.worker;
+  const std::string later =
+      error_kind([&] { s->run([](ReplicaContext& ctx) { ctx.all_reduce(ReduceOp::kSum, constant(1)); }); });
+  EXPECT_FALSE(later.empty()) << "the link should be closed";
+}
+
 inline void ReplicaThrowsAbortsEveryWorker(const WorkerEnv& env) {
   if (env.replicas() < 2) return;
   auto s = env.strategy();
@@ -655,6 +685,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(MismatchedCollectivesFailEverywhere)        \
   X(MismatchedShapesFailEverywhere)             \
   X(MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable) \
+  X(MergeFnThrowingOnOneWorkerAbortsTheOthers) \
   X(ReplicaThrowsAbortsEveryWorker)             \
   X(LateWorkerTimesOutEverywhere)               \
   X(UnequalLocalReplicaCountsAreRejected)      \
