@@ -347,6 +347,7 @@ void fuzz_collectives(FuzzedDataProvider& in) {
            describe(first));
     }
   }
+  const std::size_t deviation = first_deviation(steps);
   for (int r = 0; r < replicas; ++r) {
     const Outcome& o = outcomes[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i < o.results.size(); ++i) {
@@ -354,7 +355,7 @@ void fuzz_collectives(FuzzedDataProvider& in) {
       // pair up by their order, so after a skip a replica's next call may meet
       // the others' previous one, of the same kind, dtypes and shapes, and
       // succeed (the run then fails when the skipping replica returns early).
-      if (first_deviation(steps) <= i) break;
+      if (deviation <= i) break;
       check_against_reference(steps[i], o.results[i], r);
     }
   }

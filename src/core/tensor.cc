@@ -40,12 +40,10 @@ Shape::Shape(std::span<const std::int64_t> dims) : rank_(static_cast<int>(dims.s
 }
 
 std::int64_t Shape::num_elements() const {
-  // A 0 first: the product of the other dimensions may not fit in int64
-  // (the constructor checks the count only when there is no 0).
-  const std::int64_t* d = data();
-  if (std::find(d, d + rank_, 0) != d + rank_) return 0;
+  // Cannot overflow: every prefix product is at most the product of the
+  // non-zero dimensions, which the constructor checked, or 0 after a 0.
   std::int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= d[i];
+  for (int i = 0; i < rank_; ++i) n *= data()[i];
   return n;
 }
 

@@ -60,6 +60,7 @@ struct Args {
   std::string strategy = "mirrored";
 };
 
+using tools::grouped;
 using tools::parse_int;
 using tools::UsageError;
 
@@ -254,15 +255,6 @@ struct Tally {
   std::int64_t hangs = 0;
 };
 
-std::string grouped(std::int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (v < 0 ? "-" : "") + out;
-}
 
 // The error a fault must end in (docs/errors.md).
 bool documented(Fault fault, const std::exception& e) {

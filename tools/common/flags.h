@@ -1,5 +1,6 @@
 // Command-line flag values for the tools (distribute-train, distribute-soak):
-// a bad value is a UsageError that names the flag, never a crash.
+// a bad value is a UsageError that names the flag, never a crash. And the
+// numbers they print: 1,234,567.
 #pragma once
 
 #include <cmath>
@@ -40,6 +41,17 @@ inline double parse_positive(const std::string& flag, const std::string& text) {
     throw UsageError(flag + " needs a number > 0, got '" + text + "'");
   }
   return v;
+}
+
+// Digits grouped by thousands: "1,234,567", "-1,234".
+inline std::string grouped(std::int64_t v) {
+  const std::string digits = std::to_string(v < 0 ? -(v + 1) + std::uint64_t{1} : static_cast<std::uint64_t>(v));
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (v < 0 ? "-" : "") + out;
 }
 
 }  // namespace distribute::tools

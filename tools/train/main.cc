@@ -125,11 +125,7 @@ std::string fixed(double v, int digits) {
 }
 
 // 12345.6 -> "12,346"
-std::string grouped(double v) {
-  std::string digits = std::to_string(static_cast<long long>(std::llround(v)));
-  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<std::size_t>(i), ",");
-  return digits;
-}
+std::string grouped(double v) { return tools::grouped(std::llround(v)); }
 
 // Part of replica 0's step time, as a fraction.
 std::string fraction(double seconds, const EpochStats& e) {
