@@ -168,14 +168,15 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ReduceScatterTest,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
-// Messages of 4 MiB and more take the streaming (non-temporal store) path.
-TEST(AllReduceStreamingTest, LargeMessagesMatchReference) {
+// Messages of many chunks, past the size where all_gather and broadcast
+// stream (all_reduce never does).
+TEST(AllReduceLargeTest, LargeMessagesMatchReference) {
   const std::tuple<DType, ReduceOp, int> cases[] = {{DType::kFloat32, ReduceOp::kSum, 2},
                                                     {DType::kInt8, ReduceOp::kMean, 3},
                                                     {DType::kFloat16, ReduceOp::kMax, 2}};
   for (const auto& [dtype, op, n] : cases) {
     SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n));
-    check_all_reduce(n, (std::size_t{4} << 20) / size_of(dtype) + 5, dtype, op);
+    check_all_reduce(n, SharedMemoryCommunicator::kStreamBytes / size_of(dtype) + 5, dtype, op);
   }
 }
 
@@ -280,11 +281,12 @@ TEST_P(GatherTest, RaggedRowsLandInRankOrderWithinEachOuterRow) {
 INSTANTIATE_TEST_SUITE_P(Matrix, GatherTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values<std::size_t>(0, 1, 5)));
 
-// Contributions beyond the 4 KiB inline areas, and outputs of 4 MiB and more
-// (streaming stores).
+// Contributions beyond the 4 KiB inline areas, and outputs past
+// kStreamBytes (streaming stores).
 TEST(GatherLargeTest, BeyondInlineAndStreaming) {
-  for (std::size_t per_member : {std::size_t{3000}, std::size_t{600000}}) {
-    const int n = 3;
+  const int n = 3;
+  const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(std::int32_t) / n + 1;
+  for (std::size_t per_member : {std::size_t{3000}, streaming}) {
     auto group = std::make_shared<LocalGroup>(n);
     std::vector<std::size_t> counts(n, per_member);
     std::vector<std::vector<std::int32_t>> recv(n, std::vector<std::int32_t>(per_member * n));
@@ -308,8 +310,9 @@ TEST(GatherLargeTest, BeyondInlineAndStreaming) {
 }
 
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
-  // 100 doubles: inline path; 10000: two rounds; 600000 (4.8 MB): streaming stores.
-  for (std::size_t count : {std::size_t{100}, std::size_t{10000}, std::size_t{600000}}) {
+  // 100 doubles: inline path; 10000: two rounds; past kStreamBytes: streaming stores.
+  const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(double) + 3;
+  for (std::size_t count : {std::size_t{100}, std::size_t{10000}, streaming}) {
   for (int n : {1, 2, 3, 7}) {
     for (int root = 0; root < n; ++root) {
       if (count > 10000 && (n > 2 || root > 0)) continue;  // one large case is enough

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 
 namespace distribute::internal {
@@ -44,6 +46,70 @@ TEST(StorageTest, BlocksFreedByAnotherThreadReachTheSharedCache) {
   EXPECT_GT(storage_stats().reused_blocks, after.reused_blocks);
   release_cached_storage();
   EXPECT_EQ(storage_stats().cached_bytes, 0u);
+}
+
+// A thread that lives on and frees, one at a time, the blocks handed to it.
+class Freer {
+ public:
+  Freer() : thread_([this] { loop(); }) {}
+  ~Freer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Returns once the freeing thread has dropped `block`.
+  void free(std::shared_ptr<std::byte> block) {
+    std::unique_lock<std::mutex> lock(mu_);
+    slot_ = std::move(block);
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return slot_ == nullptr; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return done_ || slot_ != nullptr; });
+      if (done_) return;
+      slot_.reset();
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<std::byte> slot_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// A merge_fn allocates every replica's result on one thread; each replica
+// frees its own on its thread. Those frees must reach the allocating thread
+// again: a thread keeps only blocks it took itself.
+TEST(StorageTest, BlocksAllocatedElsewhereAreNotHoardedByTheFreeingThread) {
+  release_cached_storage();
+  constexpr std::size_t kBytes = 5 << 20;  // a class no other test here uses
+  Freer freer;
+  for (int step = 0; step < 20; ++step) {
+    std::shared_ptr<std::byte> block = allocate_storage(kBytes);
+    const StorageStats before = storage_stats();
+    freer.free(std::move(block));
+    // The block went to the shared cache at once, not into the freeing thread's.
+    EXPECT_EQ(storage_stats().cached_bytes, before.cached_bytes + kBytes) << "step " << step;
+  }
+  // From the second step on, each allocation reused the block freed the step before.
+  const std::uint64_t fresh_before = storage_stats().fresh_blocks;
+  for (int step = 0; step < 20; ++step) freer.free(allocate_storage(kBytes));
+  EXPECT_EQ(storage_stats().fresh_blocks, fresh_before) << "steady state must take no fresh memory";
+  // A block the freeing thread took itself stays in its own cache.
+  std::thread([] {
+    const StorageStats before = storage_stats();
+    allocate_storage(kBytes).reset();
+    EXPECT_EQ(storage_stats().cached_bytes, before.cached_bytes - kBytes);
+  }).join();
+  release_cached_storage();
 }
 
 }  // namespace

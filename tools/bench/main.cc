@@ -7,6 +7,10 @@
 //
 //   distribute-bench --op all_reduce --replicas 2 -b 8 -e 64M -f 4 --check
 //
+// --api tensor measures ReplicaContext with Tensors instead of the engine;
+// --api both runs the two alternately, iteration by iteration, and prints
+// the API's overhead over the engine measured at the same moments.
+//
 // Under an MPI launcher it measures MultiWorkerMirroredStrategy instead: one
 // worker per process with --replicas local replicas, and beside each of our
 // figures the same operation by MPI itself (MPI_Allreduce / MPI_Allgatherv on
@@ -25,6 +29,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,8 +69,9 @@ struct Options {
                "usage: distribute-bench [--op all_reduce|all_gather|broadcast|reduce_scatter] [--replicas N]\n"
                "                        [--dtype float32|...]\n"
                "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
-               "                        [--iters N] [--warmup N] [--check] [--api raw|tensor] [--csv FILE]\n"
+               "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
+               "--api both: the engine and the API alternately in one run, with the API's overhead\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
                "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
@@ -125,7 +131,7 @@ Options parse(int argc, char** argv) {
   if (o.op == "reduce_scatter" && o.api != "raw") {
     usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
   }
-  if (o.api != "raw" && o.api != "tensor") usage("--api must be raw or tensor");
+  if (o.api != "raw" && o.api != "tensor" && o.api != "both") usage("--api must be raw, tensor or both");
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
   }
@@ -205,6 +211,7 @@ std::size_t count_wrong(const Options& o, const Tensor& out, std::size_t count, 
 struct Row {
   std::size_t bytes = 0, count = 0;
   double median_us = 0, min_us = 0, algbw = 0, busbw = 0, memcpy_bw = 0;
+  double raw_median_us = 0;  // --api both: the raw engine's, alternating with the API's
   std::size_t wrong = 0;
   double faults_per_op = 0;
 };
@@ -262,6 +269,45 @@ struct FaultMeter {
   void end(int ops) { per_op = static_cast<double>(minor_faults() - start) / ops; }
 };
 
+// One member of the raw engine: a SharedMemoryCommunicator on its own
+// buffers, the output reused from call to call.
+struct RawOp {
+  const Options& o;
+  internal::SharedMemoryCommunicator comm;
+  std::size_t count;
+  Tensor in, out;
+  std::vector<std::size_t> counts;
+  CollectiveCall call{.op = "", .sequence = 0, .timeout_seconds = 600};
+
+  RawOp(const Options& opts, std::shared_ptr<internal::LocalGroup> group, int r, std::size_t n_elements)
+      : o(opts), comm(std::move(group), r), count(n_elements) {
+    const std::size_t n = static_cast<std::size_t>(comm.size());
+    const std::size_t per = count / n;
+    in = make_input(o.dtype, r, o.op == "all_gather" ? per : count);
+    out = o.op == "broadcast"
+              ? in
+              : Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(o.op == "reduce_scatter" ? per : count)});
+    counts.assign(n, per);
+    call.op = o.op;
+  }
+
+  // Runs the operation once; returns its time in microseconds.
+  double run_once() {
+    ++call.sequence;
+    const auto t0 = Clock::now();
+    if (o.op == "all_reduce") {
+      comm.all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
+    } else if (o.op == "all_gather") {
+      comm.all_gather_v(in.raw_data(), out.mutable_raw_data(), counts, 1, o.dtype, call);
+    } else if (o.op == "reduce_scatter") {
+      comm.reduce_scatter(in.raw_data(), out.mutable_raw_data(), counts, o.dtype, o.redop, call);
+    } else {
+      comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
+    }
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
+};
+
 std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Tensor>& results, FaultMeter& faults) {
   const int n = o.replicas;
   auto group = std::make_shared<internal::LocalGroup>(n);
@@ -271,68 +317,64 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
   results.assign(static_cast<std::size_t>(n), Tensor());
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      internal::SharedMemoryCommunicator comm(group, r);
-      const std::size_t per = count / static_cast<std::size_t>(n);
-      const std::size_t in_count = o.op == "all_gather" ? per : count;
-      const std::size_t out_count = o.op == "reduce_scatter" ? per : count;
-      Tensor in = make_input(o.dtype, r, in_count);
-      Tensor out =
-          o.op == "broadcast" ? in : Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(out_count)});
-      std::vector<std::size_t> counts(static_cast<std::size_t>(n), per);
-      CollectiveCall call{.op = o.op, .sequence = 0, .timeout_seconds = 600};
+      RawOp raw(o, group, r, count);
       for (int it = 0; it < o.warmup + o.iters; ++it) {
-        ++call.sequence;
         if (r == 0 && it == o.warmup) faults.begin();
-        const auto t0 = Clock::now();
-        if (o.op == "all_reduce") {
-          comm.all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
-        } else if (o.op == "all_gather") {
-          comm.all_gather_v(in.raw_data(), out.mutable_raw_data(), counts, 1, o.dtype, call);
-        } else if (o.op == "reduce_scatter") {
-          comm.reduce_scatter(in.raw_data(), out.mutable_raw_data(), counts, o.dtype, o.redop, call);
-        } else {
-          comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
-        }
-        const auto t1 = Clock::now();
-        if (r == 0 && it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        const double us = raw.run_once();
+        if (r == 0 && it >= o.warmup) times.push_back(us);
       }
       if (r == 0) faults.end(o.iters);
-      results[static_cast<std::size_t>(r)] = out;
+      results[static_cast<std::size_t>(r)] = raw.out;
     });
   }
   for (auto& t : threads) t.join();
   return times;
 }
 
+// One operation through the API (ReplicaContext with Tensors).
+Tensor api_op(const Options& o, ReplicaContext& ctx, const Tensor& in) {
+  if (o.op == "all_reduce") return ctx.all_reduce(o.redop, in);
+  if (o.op == "all_gather") return ctx.all_gather(in, 0);
+  // broadcast from replica 0 through merge_call: the cross-replica broadcast_to.
+  return ctx.merge_call([](Strategy& s, const PerReplica<Tensor>& v) { return s.extended().broadcast_to(v[0]); }, in);
+}
+
+// Through the API; with --api both, the raw engine too, on its own buffers and
+// a group of its own, alternating with the API call iteration by iteration
+// (so that both see the same moments of a noisy machine). Returns replica 0's
+// API timings; `raw_times` gets the engine's.
 std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std::size_t count,
-                               std::vector<Tensor>& results, FaultMeter& faults) {
+                               std::vector<Tensor>& results, FaultMeter& faults, std::vector<double>& raw_times) {
   const int n = o.replicas;
+  const bool both = o.api == "both";
   std::vector<double> times;
   times.reserve(static_cast<std::size_t>(o.iters));
+  auto group = std::make_shared<internal::LocalGroup>(n);
+  std::vector<Tensor> raw_results(static_cast<std::size_t>(n));
   auto per_replica = strategy.run([&](ReplicaContext& ctx) {
     const int r = ctx.replica_id_in_sync_group();
     const std::size_t in_count = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;
     Tensor in = make_input(o.dtype, r, in_count);
     Tensor out;
+    std::optional<RawOp> raw;
+    if (both) raw.emplace(o, group, r, count);
     for (int it = 0; it < o.warmup + o.iters; ++it) {
       if (r == 0 && it == o.warmup) faults.begin();
-      const auto t0 = Clock::now();
-      if (o.op == "all_reduce") {
-        out = ctx.all_reduce(o.redop, in);
-      } else if (o.op == "all_gather") {
-        out = ctx.all_gather(in, 0);
-      } else {
-        // broadcast from replica 0 through merge_call: the cross-replica broadcast_to.
-        out = ctx.merge_call([](Strategy& s, const PerReplica<Tensor>& v) { return s.extended().broadcast_to(v[0]); },
-                             in);
+      if (raw) {
+        const double us = raw->run_once();
+        if (r == 0 && it >= o.warmup) raw_times.push_back(us);
       }
+      const auto t0 = Clock::now();
+      out = api_op(o, ctx, in);
       const auto t1 = Clock::now();
       if (r == 0 && it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
-    if (r == 0) faults.end(o.iters);
+    if (r == 0) faults.end(both ? 2 * o.iters : o.iters);
+    if (raw) raw_results[static_cast<std::size_t>(r)] = raw->out;
     return out;
   });
   results = per_replica.values();
+  if (both) results.insert(results.end(), raw_results.begin(), raw_results.end());
   return times;
 }
 
@@ -379,6 +421,11 @@ int run_batch(const Options& o) {
   return wrong == 0 ? 0 : 1;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 #ifdef DIST_HAVE_MPI
 // ---- under an MPI launcher: MultiWorkerMirroredStrategy beside MPI itself ------------
 
@@ -403,12 +450,8 @@ MPI_Op mpi_op(ReduceOp op) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int run_multi_worker(const Options& o) {
+  if (o.api == "both") usage("--api both is for one process; under mpirun the MPI collective is the reference");
   if (o.op == "broadcast") usage("--op broadcast is not measured under mpirun (broadcast_to is local to a worker)");
   if (o.op == "reduce_scatter") usage("--op reduce_scatter is measured in one process only (the threads engine)");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
@@ -507,7 +550,8 @@ int main(int argc, char** argv) {
   if (o.batch > 0) return run_batch(o);
   const std::size_t esz = size_of(o.dtype);
   std::unique_ptr<MirroredStrategy> strategy;
-  if (o.api == "tensor") {
+  const bool both = o.api == "both";
+  if (o.api != "raw") {
     std::vector<std::string> devices;
     for (int r = 0; r < o.replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
     strategy = std::make_unique<MirroredStrategy>(devices);
@@ -515,9 +559,15 @@ int main(int argc, char** argv) {
   std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
               std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
               o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
-  std::printf("# %12s %11s %8s %7s %11s %10s %11s %11s %7s %9s %12s %9s\n", "size(B)", "count", "type", "redop",
-              "median(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "faults/op", "memcpy(GB/s)",
-              "bus/memcpy");
+  if (both) {
+    std::printf("# raw: the engine on its own buffers, alternating with the API call iteration by iteration\n");
+    std::printf("# %12s %11s %8s %7s %11s %11s %12s %8s %7s %9s\n", "size(B)", "count", "type", "redop", "raw(us)",
+                "api(us)", "api-raw(us)", "api/raw", "#wrong", "faults/op");
+  } else {
+    std::printf("# %12s %11s %8s %7s %11s %10s %11s %11s %7s %9s %12s %9s\n", "size(B)", "count", "type", "redop",
+                "median(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "faults/op", "memcpy(GB/s)",
+                "bus/memcpy");
+  }
   std::vector<Row> rows;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
        bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * o.factor))) {
@@ -531,8 +581,10 @@ int main(int argc, char** argv) {
     row.bytes = count * esz;
     std::vector<Tensor> results;
     FaultMeter faults;
-    std::vector<double> times =
-        o.api == "raw" ? run_raw(o, count, results, faults) : run_tensor(o, *strategy, count, results, faults);
+    std::vector<double> raw_times;
+    std::vector<double> times = o.api == "raw" ? run_raw(o, count, results, faults)
+                                               : run_tensor(o, *strategy, count, results, faults, raw_times);
+    if (both) row.raw_median_us = median(raw_times);
     std::sort(times.begin(), times.end());
     row.median_us = times[times.size() / 2];
     row.min_us = times.front();
@@ -540,14 +592,25 @@ int main(int argc, char** argv) {
     row.busbw = row.algbw * bus_factor(o.op, o.replicas);
     row.faults_per_op = faults.per_op;
     if (o.check) {
-      for (int r = 0; r < o.replicas; ++r) {
-        row.wrong += count_wrong(o, results[static_cast<std::size_t>(r)], count, o.replicas, r);
+      for (std::size_t i = 0; i < results.size(); ++i) {  // --api both: the API's results, then the engine's
+        const int r = static_cast<int>(i % static_cast<std::size_t>(o.replicas));
+        row.wrong += count_wrong(o, results[i], count, o.replicas, r);
       }
+    }
+    const std::string wrong_text = o.check ? std::to_string(row.wrong) : "N/A";
+    if (both) {
+      std::printf("  %12zu %11zu %8s %7s %11.2f %11.2f %12.2f %8.3f %7s %9.1f\n", row.bytes, row.count,
+                  std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), row.raw_median_us,
+                  row.median_us, row.median_us - row.raw_median_us, row.median_us / row.raw_median_us,
+                  wrong_text.c_str(), row.faults_per_op);
+      std::fflush(stdout);
+      rows.push_back(row);
+      continue;
     }
     row.memcpy_bw = memcpy_reference(o.replicas, row.bytes, std::min(o.iters, 10));
     std::printf("  %12zu %11zu %8s %7s %11.2f %10.2f %11.3f %11.3f %7s %9.1f %12.3f %9.2f\n", row.bytes, row.count,
                 std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), row.median_us,
-                row.min_us, row.algbw, row.busbw, o.check ? std::to_string(row.wrong).c_str() : "N/A",
+                row.min_us, row.algbw, row.busbw, wrong_text.c_str(),
                 row.faults_per_op, row.memcpy_bw, row.memcpy_bw > 0 ? row.busbw / row.memcpy_bw : 0.0);
     std::fflush(stdout);
     rows.push_back(row);
@@ -559,11 +622,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     csv << "op,replicas,api,dtype,redop,bytes,count,median_us,min_us,algbw_gbs,busbw_gbs,wrong,faults_per_op,"
-           "memcpy_gbs\n";
+           "memcpy_gbs,raw_median_us\n";
     for (const Row& r : rows) {
       csv << o.op << ',' << o.replicas << ',' << o.api << ',' << to_string(o.dtype) << ',' << to_string(o.redop) << ','
           << r.bytes << ',' << r.count << ',' << r.median_us << ',' << r.min_us << ',' << r.algbw << ',' << r.busbw
-          << ',' << r.wrong << ',' << r.faults_per_op << ',' << r.memcpy_bw << '\n';
+          << ',' << r.wrong << ',' << r.faults_per_op << ',' << r.memcpy_bw << ',' << r.raw_median_us << '\n';
     }
   }
   std::size_t total_wrong = 0;

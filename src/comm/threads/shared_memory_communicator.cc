@@ -16,17 +16,9 @@ namespace distribute::internal {
 namespace {
 // The most members a communicator reduces from without a heap allocation.
 constexpr int kStackSources = 64;
-// From this message size up, outputs are written with non-temporal stores:
-// the message no longer fits in cache, and streaming stores skip the read
-// for ownership that a normal store of a fresh line costs (a third of the
-// memory traffic of the bandwidth path).
-constexpr std::size_t kStreamBytes = 4 << 20;
 // Up to this size all_reduce takes the one-round latency path.
 constexpr std::size_t kLatencyPathBytes = 1024;
 static_assert(kLatencyPathBytes <= LocalGroup::kInlineBytes);
-// Chunk of the streaming path: reduced into an L1-resident buffer, then
-// streamed to every member's output.
-constexpr std::size_t kStreamChunkBytes = 16 * 1024;
 
 // memcpy with non-temporal stores where the destination allows it.
 void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
@@ -76,9 +68,7 @@ void stream_fence() {
 }  // namespace
 
 SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank)
-    : group_(std::move(group)), rank_(rank), stream_buffer_(new std::byte[kStreamChunkBytes]) {
-  std::memset(stream_buffer_.get(), 0, kStreamChunkBytes);  // fault it in now
-}
+    : group_(std::move(group)), rank_(rank) {}
 
 std::vector<std::string> SharedMemoryCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   const auto& entries =
@@ -116,21 +106,11 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   const auto& entries = group_->arrive(rank_, {.send = send, .recv = recv, .tag = call.signature_tag}, call);
   const std::size_t begin = count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
   const std::size_t end = count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
-  const bool streaming = bytes >= kStreamBytes && n > 1;
-  const std::size_t chunk = std::max<std::size_t>(1, (streaming ? kStreamChunkBytes : kChunkBytes) / esz);
+  const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
   for (std::size_t at = begin; at < end; at += chunk) {
     const std::size_t len = std::min(chunk, end - at);
     for (int q = 0; q < n; ++q) {
       srcs[q] = static_cast<const std::byte*>(entries[static_cast<std::size_t>(q)].send) + at * esz;
-    }
-    if (streaming) {
-      // Reduce into a buffer that stays in L1, then stream it to every output.
-      reduce_sources(stream_buffer_.get(), {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
-      for (int q = 0; q < n; ++q) {
-        stream_copy(static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv) + at * esz,
-                    stream_buffer_.get(), len * esz);
-      }
-      continue;
     }
     auto* out = static_cast<std::byte*>(recv) + at * esz;
     if (n == 1 && !(op == ReduceOp::kMean && divisor > 1)) {
@@ -142,7 +122,6 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
       if (q != rank_) std::memcpy(static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv) + at * esz, out, len * esz);
     }
   }
-  if (streaming) stream_fence();
   if (n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still use its buffers
 }
 

@@ -30,6 +30,15 @@ class SharedMemoryCommunicator final : public Communicator {
  public:
   // Elements of one chunk of the large all_reduce path, in bytes.
   static constexpr std::size_t kChunkBytes = 64 * 1024;
+  // From this message size up (all_gather's output, broadcast's buffer), the
+  // copies of all_gather and broadcast use non-temporal stores: the data no
+  // longer fits in cache, and streaming stores skip the read for ownership of
+  // a normal store. Measured on the project's machines (docs/algorithms.md):
+  // 1.3 to 1.5x faster from 8 MiB, no gain at 4 MiB. all_reduce does not
+  // stream: its reduced chunk, still in cache, is copied to the other outputs
+  // with normal stores; streaming measured 1.3 to 2x slower there from 4 to
+  // 256 MiB.
+  static constexpr std::size_t kStreamBytes = 8 << 20;
 
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank);
 
@@ -56,7 +65,6 @@ class SharedMemoryCommunicator final : public Communicator {
  private:
   std::shared_ptr<LocalGroup> group_;
   int rank_;
-  std::unique_ptr<std::byte[]> stream_buffer_;  // one chunk of the streaming path
 };
 
 }  // namespace distribute::internal
