@@ -7,6 +7,7 @@
 //      all_gather moves each value with one all_gather_v.
 #include "distribute/replica_context.h"
 
+#include <charconv>
 #include <cstring>
 #include <numeric>
 
@@ -161,14 +162,23 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
 
 // ---- all_reduce ----------------------------------------------------------------
 
+namespace {
+// What an all_reduce's replicas must agree on (the fast path of one Tensor
+// hashes the same fields in place: keep the two in step).
+void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value, const std::vector<Tensor>& leaves,
+                         std::int64_t bytes_per_pack) {
+  sig.fields = {{"reduce op", std::string(to_string(op))},
+                {"structure", value.structure_string()},
+                {"bytes_per_pack", std::to_string(bytes_per_pack)}};
+  for (const Tensor& t : leaves) sig.leaves.push_back({t.dtype(), t.shape().dims()});
+}
+}  // namespace
+
 Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, const CommunicationOptions& options) {
   auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
   const std::vector<Tensor> leaves = value.flatten();
-  sig.fields = {{"reduce op", std::string(to_string(op))},
-                {"structure", value.structure_string()},
-                {"bytes_per_pack", std::to_string(opts.bytes_per_pack)}};
-  for (const Tensor& t : leaves) sig.leaves.push_back({t.dtype(), t.shape().dims()});
+  describe_all_reduce(sig, op, value, leaves, opts.bytes_per_pack);
   // Fast path: the signature's hash travels with the first data round. Only if
   // the hashes differ do the replicas exchange full signatures, to explain.
   call.signature_tag = sig.tag(/*with_leaves=*/true);
@@ -183,8 +193,35 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
   }
 }
 
+// One value, the most common call: the same collective as a one-leaf nest
+// (one pack, reduced straight into the output), with the tag hashed from the
+// arguments in place instead of from a Signature (which costs ten heap
+// allocations). The Signature is built only to explain a mismatch.
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options) {
-  return all_reduce(op, Nest<Tensor>(value), options).leaf();
+  auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
+  ReplicaChannel& ch = *channel_;
+  static const std::string kLeafStructure = Nest<Tensor>(Tensor()).structure_string();
+  char pack_text[24];
+  const auto printed = std::to_chars(pack_text, pack_text + sizeof pack_text, opts.bytes_per_pack);
+  internal::TagHasher tag(sig.op, sig.sequence);
+  tag.field("reduce op", to_string(op));
+  tag.field("structure", kLeafStructure);
+  tag.field("bytes_per_pack", std::string_view(pack_text, static_cast<std::size_t>(printed.ptr - pack_text)));
+  tag.leaf_count(1);
+  tag.leaf(value.dtype(), value.shape().dims_span());
+  call.signature_tag = tag.finish(sig.error_code.has_value());
+  try {
+    Tensor result = Tensor::uninitialized(value.dtype(), value.shape());
+    ch.comm->all_reduce(value.raw_data(), result.mutable_raw_data(), static_cast<std::size_t>(value.num_elements()),
+                        value.dtype(), op, call);
+    ++ch.data_calls;
+    return result;
+  } catch (const internal::SignatureMismatch&) {
+    const Nest<Tensor> nest(value);
+    describe_all_reduce(sig, op, nest, {value}, opts.bytes_per_pack);
+    explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,
+                     namer_for(nest.flatten_paths()));
+  }
 }
 
 std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& value,

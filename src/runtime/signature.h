@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,26 @@ struct Signature {
   // and, if `with_leaves`, every leaf's dtype and shape. Never 0; bit 0 is set
   // when this replica recorded a local error (so the tags can never agree).
   std::uint64_t tag(bool with_leaves) const;
+};
+
+// Signature::tag computed from the parts, without building a Signature: a
+// collective's fast path hashes its arguments where they are, and builds the
+// full Signature only to explain a mismatch. Feed it what Signature::tag
+// reads, in the same order (op and sequence, fields, then the leaves).
+class TagHasher {
+ public:
+  TagHasher(std::string_view op, std::uint64_t sequence);
+  void field(std::string_view key, std::string_view value);
+  void leaf_count(std::size_t n);
+  void leaf(DType dtype, std::span<const std::int64_t> dims);
+  // Never 0; bit 0 set if `local_error`.
+  std::uint64_t finish(bool local_error) const;
+
+ private:
+  void word(std::uint64_t w);
+  void bytes(const void* p, std::size_t n);
+  void str(std::string_view s);
+  std::uint64_t h_ = 0x9e3779b97f4a7c15ull;
 };
 
 // How leaf shapes must agree.

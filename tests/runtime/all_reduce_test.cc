@@ -83,6 +83,31 @@ INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceDTypeOpTest,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
+// The one-Tensor overload hashes its signature in place (a fast path). Its
+// tag must be the nest overload's for the same one-leaf value, so replicas
+// may mix the two, with any bytes_per_pack they agree on.
+TEST(AllReduceTest, OneTensorOverloadAgreesWithTheOneLeafNest) {
+  for (int n : {2, 3}) {
+    for (std::int64_t bytes_per_pack : {std::int64_t{0}, std::int64_t{12345}}) {
+      SCOPED_TRACE("replicas=" + std::to_string(n) + " bytes_per_pack=" + std::to_string(bytes_per_pack));
+      auto s = testing::mirrored(n);
+      auto r = s->run([&](ReplicaContext& ctx) -> Tensor {
+        const int id = ctx.replica_id_in_sync_group();
+        const Tensor x = input(DType::kFloat32, id, 7);
+        const CommunicationOptions options{.bytes_per_pack = bytes_per_pack};
+        if (id % 2 == 0) return ctx.all_reduce(ReduceOp::kMax, x, options);
+        return ctx.all_reduce(ReduceOp::kMax, N(x), options).leaf();
+      });
+      for (int k = 0; k < n; ++k) {
+        for (std::int64_t i = 0; i < 7; ++i) {
+          EXPECT_EQ(r[static_cast<std::size_t>(k)].element_as_double(i), expected(DType::kFloat32, ReduceOp::kMax, n, i))
+              << "replica " << k << " element " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(AllReduceTest, IntegerMeanKeepsDtypeAndTruncatesTowardZero) {
   auto s = testing::mirrored(2);
   auto r = s->run([](ReplicaContext& ctx) {

@@ -165,6 +165,23 @@ TEST(FailureTest, DifferentShapes) {
       "InvalidArgumentError", "has different shapes on different replicas (replica 0: (2,); replica 1: (3,))");
 }
 
+// The one-Tensor overload (hashed in place) against the nest overload: the
+// same detailed error on every replica as two nest calls would give.
+TEST(FailureTest, DifferentShapesAcrossTheTensorAndNestOverloads) {
+  expect_collective_error(
+      3,
+      [](ReplicaContext& ctx) {
+        const int id = ctx.replica_id_in_sync_group();
+        const Tensor x = id == 1 ? constant({1, 2, 3}) : constant({1, 2});
+        if (id == 0) {
+          ctx.all_reduce(ReduceOp::kSum, x);
+        } else {
+          ctx.all_reduce(ReduceOp::kSum, Nest<Tensor>(x));
+        }
+      },
+      "InvalidArgumentError", "has different shapes on different replicas (replicas 0, 2: (2,); replica 1: (3,))");
+}
+
 TEST(FailureTest, DifferentStructures) {
   using N = Nest<Tensor>;
   expect_collective_error(
