@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "core/reduce_kernels.h"
 #include "core/storage.h"
@@ -274,11 +275,12 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
 
 // ---- all_gather ----------------------------------------------------------------
 
-Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, const CommunicationOptions& options) {
-  auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
-  ReplicaChannel& ch = *channel_;
-  const std::vector<Tensor> leaves = value.flatten();
-  const std::vector<std::string> paths = value.flatten_paths();
+namespace {
+// What an all_gather's replicas must agree on, and this replica's verdict on
+// its values (the fast path of one Tensor hashes the same fields in place:
+// keep the two in step).
+void describe_all_gather(Signature& sig, const Nest<Tensor>& value, const std::vector<Tensor>& leaves,
+                         const std::vector<std::string>& paths, int axis) {
   sig.fields = {{"axis", std::to_string(axis)}, {"structure", value.structure_string()}};
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     sig.leaves.push_back({leaves[i].dtype(), leaves[i].shape().dims()});
@@ -286,55 +288,102 @@ Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, con
     internal::validate_gather_leaf(leaves[i], axis, sig);
     if (!had_error && sig.error_code && !paths[i].empty()) sig.error = "value " + paths[i] + ": " + sig.error;
   }
-  // Gathers every leaf; `sigs` gives every member's shapes (nullptr: all are this replica's).
+}
+
+// Gathers every leaf; `sigs` gives every member's shapes (nullptr: all are this replica's).
+std::vector<Tensor> gather_values(ReplicaChannel& ch, const std::vector<Tensor>& leaves, int axis,
+                                  const std::vector<Signature>* sigs, CollectiveCall data_call) {
   const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   const auto members = static_cast<std::size_t>(ch.comm->size());
-  auto gather_leaves = [&](const std::vector<Signature>* sigs, CollectiveCall data_call) {
-    std::vector<Tensor> out;
-    out.reserve(leaves.size());
-    for (std::size_t i = 0; i < leaves.size(); ++i) {
-      const Tensor& leaf = leaves[i];
-      const auto a = static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis);
-      const internal::GatherLayout layout = internal::gather_layout(leaf, axis, members, [&](std::size_t q) {
-        return sigs ? (*sigs)[q].leaves[i].dims[a] : leaf.shape().dims_span()[a];
-      });
-      Tensor gathered = Tensor::uninitialized(leaf.dtype(), layout.shape, device);
-      ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), layout.counts, layout.outer, leaf.dtype(),
-                            data_call);
-      data_call.signature_tag = 0;
-      ++ch.data_calls;
-      out.push_back(std::move(gathered));
-    }
-    return Nest<Tensor>::pack_sequence_as(value, std::move(out));
-  };
-  // Fast path: the same shapes on every replica (the common case). The hash of
-  // the signature, shapes included, rides on the first round; only if the
-  // hashes differ (ragged values, a mismatch, a local error) do the replicas
-  // exchange full signatures. Every replica takes the same rounds: a replica
-  // with nothing to gather, or an invalid value, offers its hash in a barrier.
-  CollectiveCall first = call;
-  first.signature_tag = sig.tag(/*with_leaves=*/true);
+  std::vector<Tensor> out;
+  out.reserve(leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& leaf = leaves[i];
+    const auto a = static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis);
+    const internal::GatherLayout layout = internal::gather_layout(leaf, axis, members, [&](std::size_t q) {
+      return sigs ? (*sigs)[q].leaves[i].dims[a] : leaf.shape().dims_span()[a];
+    });
+    Tensor gathered = Tensor::uninitialized(leaf.dtype(), layout.shape, device);
+    ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), layout.counts, layout.outer, leaf.dtype(),
+                          data_call);
+    data_call.signature_tag = 0;
+    ++ch.data_calls;
+    out.push_back(std::move(gathered));
+  }
+  return out;
+}
+
+// The first round of an all_gather assumes the same shapes on every replica
+// (the common case); the hash of the signature, shapes included, rides on it.
+// Every replica takes the same rounds: a replica with nothing to gather, or
+// an invalid value, offers its hash in a barrier. Returns nothing if the
+// hashes differ (ragged values, a mismatch, a local error).
+std::optional<std::vector<Tensor>> gather_same_shapes(ReplicaChannel& ch, const std::vector<Tensor>& leaves, int axis,
+                                                      bool local_error, const CollectiveCall& first) {
   try {
-    if (leaves.empty() || sig.error_code) {
+    if (leaves.empty() || local_error) {
       ch.comm->barrier(first);
-      if (leaves.empty()) return Nest<Tensor>::pack_sequence_as(value, std::vector<Tensor>{});
+      if (leaves.empty()) return std::vector<Tensor>{};
     } else {
-      return gather_leaves(nullptr, first);
+      return gather_values(ch, leaves, axis, nullptr, first);
     }
   } catch (const internal::SignatureMismatch&) {
   }
-  // Every replica is here after the same SignatureMismatch (as a replica of
-  // another collective is in explain_mismatch): exchange full signatures.
+  return std::nullopt;
+}
+
+// Every replica is here after the same SignatureMismatch (as a replica of
+// another collective is in explain_mismatch): exchange full signatures, check
+// them, and gather the (ragged) values.
+std::vector<Tensor> gather_after_mismatch(const ReplicaContext& ctx, ReplicaChannel& ch, const Signature& sig,
+                                          const CollectiveCall& call, const std::vector<Tensor>& leaves,
+                                          const std::vector<std::string>& paths, int axis) {
   CollectiveCall untagged = call;
   untagged.signature_tag = 0;
   std::vector<Signature> sigs;
   for (const auto& p : ch.comm->exchange(sig.encode(), untagged)) sigs.push_back(Signature::decode(p));
-  check_agreed(ch, sigs, first_replica_of_group(*this), internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
-  return gather_leaves(&sigs, call);
+  check_agreed(ch, sigs, first_replica_of_group(ctx), internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
+  return gather_values(ch, leaves, axis, &sigs, call);
+}
+}  // namespace
+
+Nest<Tensor> ReplicaContext::all_gather(const Nest<Tensor>& value, int axis, const CommunicationOptions& options) {
+  auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
+  ReplicaChannel& ch = *channel_;
+  const std::vector<Tensor> leaves = value.flatten();
+  const std::vector<std::string> paths = value.flatten_paths();
+  describe_all_gather(sig, value, leaves, paths, axis);
+  CollectiveCall first = call;
+  first.signature_tag = sig.tag(/*with_leaves=*/true);
+  if (auto out = gather_same_shapes(ch, leaves, axis, sig.error_code.has_value(), first)) {
+    return Nest<Tensor>::pack_sequence_as(value, std::move(*out));
+  }
+  return Nest<Tensor>::pack_sequence_as(value, gather_after_mismatch(*this, ch, sig, call, leaves, paths, axis));
 }
 
+// One value: the same rounds as a one-leaf nest, with the tag hashed from the
+// arguments in place (as the one-Tensor all_reduce); the Signature is built
+// only if the hashes differ.
 Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const CommunicationOptions& options) {
-  return all_gather(Nest<Tensor>(value), axis, options).leaf();
+  auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
+  ReplicaChannel& ch = *channel_;
+  internal::validate_gather_leaf(value, axis, sig);
+  static const std::string kLeafStructure = Nest<Tensor>(Tensor()).structure_string();
+  char axis_text[16];
+  const auto printed = std::to_chars(axis_text, axis_text + sizeof axis_text, axis);
+  internal::TagHasher tag(sig.op, sig.sequence);
+  tag.field("axis", std::string_view(axis_text, static_cast<std::size_t>(printed.ptr - axis_text)));
+  tag.field("structure", kLeafStructure);
+  tag.leaf_count(1);
+  tag.leaf(value.dtype(), value.shape().dims_span());
+  CollectiveCall first = call;
+  first.signature_tag = tag.finish(sig.error_code.has_value());
+  const std::vector<Tensor> leaves{value};
+  if (auto out = gather_same_shapes(ch, leaves, axis, sig.error_code.has_value(), first)) return (*out)[0];
+  const Nest<Tensor> nest(value);
+  const std::vector<std::string> paths = nest.flatten_paths();
+  describe_all_gather(sig, nest, leaves, paths, axis);
+  return gather_after_mismatch(*this, ch, sig, call, leaves, paths, axis)[0];
 }
 
 std::vector<Tensor> ReplicaContext::all_gather(const std::vector<Tensor>& value, int axis,
