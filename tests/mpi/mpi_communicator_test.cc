@@ -119,6 +119,54 @@ void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& 
   }
 }
 
+// All-gathers around the sizes where the header round's paths change: blocks
+// copied behind the header (up to 1 KiB), sent in place with it (up to
+// 64 KiB), and in a round of their own; ragged, with and without outer rows,
+// tagged and untagged.
+TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
+  MpiCommunicator comm;
+  std::uint64_t seq = 0;
+  for (std::size_t base : {std::size_t{255}, std::size_t{256}, std::size_t{257}, std::size_t{16380}, std::size_t{40000}}) {
+    std::vector<std::size_t> counts;
+    for (int q = 0; q < comm.size(); ++q) counts.push_back(base + static_cast<std::size_t>(q));
+    for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) {
+      for (std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{0x2468}}) {
+        SCOPED_TRACE("base " + std::to_string(base) + " outer " + std::to_string(outer) + " tag " + std::to_string(tag));
+        CollectiveCall c = call("all_gather", ++seq);
+        c.signature_tag = tag;
+        expect_all_gather_v(comm, counts, outer, c);
+      }
+    }
+  }
+}
+
+// A mismatch of block sizes, in the header round and beyond it: every rank
+// throws SignatureMismatch with its output untouched, and the next calls
+// (small and large) find no stray message.
+TEST(MpiCommunicatorTest, MismatchedBlockSizesLeaveNoStrayMessage) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  for (std::size_t block : {std::size_t{2000}, std::size_t{70000}}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    const std::size_t mine = comm.rank() == n - 1 ? 2 * block : block;
+    std::vector<std::int32_t> send(mine, comm.rank()), recv(mine * static_cast<std::size_t>(n), -1);
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), mine);
+    CollectiveCall c = call("all_gather");
+    c.signature_tag = comm.rank() == n - 1 ? 0x9999 : 0x5678;
+    EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kInt32, c), SignatureMismatch);
+    EXPECT_EQ(recv, std::vector<std::int32_t>(recv.size(), -1)) << "a block was written before the tags were compared";
+    float in = 1, out = -1;
+    CollectiveCall after = call("all_reduce", 2);
+    after.signature_tag = 0x1234;
+    comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, after);
+    EXPECT_EQ(out, static_cast<float>(n));
+    std::vector<std::size_t> same(static_cast<std::size_t>(n), block);
+    CollectiveCall again = call("all_gather", 3);
+    again.signature_tag = 0x4322;
+    expect_all_gather_v(comm, same, 1, again);
+  }
+}
+
 // Blocks and payloads over 64 KiB do not fit in the header round: a second round moves them.
 TEST(MpiCommunicatorTest, LargeExchangeAndAllGatherTakeASecondRound) {
   MpiCommunicator comm;
