@@ -164,13 +164,32 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
 // ---- all_reduce ----------------------------------------------------------------
 
 namespace {
-// What an all_reduce's replicas must agree on (the fast path of one Tensor
-// hashes the same fields in place: keep the two in step).
+// The structure string of a lone Tensor (a one-leaf nest).
+const std::string& leaf_structure() {
+  static const std::string structure = Nest<Tensor>(Tensor()).structure_string();
+  return structure;
+}
+
+// The fields an all_reduce's replicas must agree on, as (key, value) pairs
+// handed to `add`: a Signature's list, or a TagHasher on the fast path. One
+// list for both, so that the two always hash alike.
+template <class Add>
+void all_reduce_fields(ReduceOp op, std::string_view structure, std::int64_t bytes_per_pack, Add&& add) {
+  char pack_text[24];
+  const auto printed = std::to_chars(pack_text, pack_text + sizeof pack_text, bytes_per_pack);
+  add("reduce op", to_string(op));
+  add("structure", structure);
+  add("bytes_per_pack", std::string_view(pack_text, static_cast<std::size_t>(printed.ptr - pack_text)));
+}
+
+void add_field(Signature& sig, std::string_view key, std::string_view value) {
+  sig.fields.emplace_back(std::string(key), std::string(value));
+}
+
 void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value, const std::vector<Tensor>& leaves,
                          std::int64_t bytes_per_pack) {
-  sig.fields = {{"reduce op", std::string(to_string(op))},
-                {"structure", value.structure_string()},
-                {"bytes_per_pack", std::to_string(bytes_per_pack)}};
+  all_reduce_fields(op, value.structure_string(), bytes_per_pack,
+                    [&](std::string_view key, std::string_view text) { add_field(sig, key, text); });
   for (const Tensor& t : leaves) sig.leaves.push_back({t.dtype(), t.shape().dims()});
 }
 }  // namespace
@@ -201,13 +220,9 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options) {
   auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
-  static const std::string kLeafStructure = Nest<Tensor>(Tensor()).structure_string();
-  char pack_text[24];
-  const auto printed = std::to_chars(pack_text, pack_text + sizeof pack_text, opts.bytes_per_pack);
   internal::TagHasher tag(sig.op, sig.sequence);
-  tag.field("reduce op", to_string(op));
-  tag.field("structure", kLeafStructure);
-  tag.field("bytes_per_pack", std::string_view(pack_text, static_cast<std::size_t>(printed.ptr - pack_text)));
+  all_reduce_fields(op, leaf_structure(), opts.bytes_per_pack,
+                    [&](std::string_view key, std::string_view text) { tag.field(key, text); });
   tag.leaf_count(1);
   tag.leaf(value.dtype(), value.shape().dims_span());
   call.signature_tag = tag.finish(sig.error_code.has_value());
@@ -276,12 +291,21 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
 // ---- all_gather ----------------------------------------------------------------
 
 namespace {
-// What an all_gather's replicas must agree on, and this replica's verdict on
-// its values (the fast path of one Tensor hashes the same fields in place:
-// keep the two in step).
+// What an all_gather's replicas must agree on (one list of fields for the
+// Signature and the fast path's TagHasher), and this replica's verdict on
+// its values.
+template <class Add>
+void all_gather_fields(int axis, std::string_view structure, Add&& add) {
+  char axis_text[16];
+  const auto printed = std::to_chars(axis_text, axis_text + sizeof axis_text, axis);
+  add("axis", std::string_view(axis_text, static_cast<std::size_t>(printed.ptr - axis_text)));
+  add("structure", structure);
+}
+
 void describe_all_gather(Signature& sig, const Nest<Tensor>& value, const std::vector<Tensor>& leaves,
                          const std::vector<std::string>& paths, int axis) {
-  sig.fields = {{"axis", std::to_string(axis)}, {"structure", value.structure_string()}};
+  all_gather_fields(axis, value.structure_string(),
+                    [&](std::string_view key, std::string_view text) { add_field(sig, key, text); });
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     sig.leaves.push_back({leaves[i].dtype(), leaves[i].shape().dims()});
     const bool had_error = sig.error_code.has_value();
@@ -368,22 +392,20 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
   auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
   ReplicaChannel& ch = *channel_;
   internal::validate_gather_leaf(value, axis, sig);
-  static const std::string kLeafStructure = Nest<Tensor>(Tensor()).structure_string();
-  char axis_text[16];
-  const auto printed = std::to_chars(axis_text, axis_text + sizeof axis_text, axis);
   internal::TagHasher tag(sig.op, sig.sequence);
-  tag.field("axis", std::string_view(axis_text, static_cast<std::size_t>(printed.ptr - axis_text)));
-  tag.field("structure", kLeafStructure);
+  all_gather_fields(axis, leaf_structure(), [&](std::string_view key, std::string_view text) { tag.field(key, text); });
   tag.leaf_count(1);
   tag.leaf(value.dtype(), value.shape().dims_span());
   CollectiveCall first = call;
   first.signature_tag = tag.finish(sig.error_code.has_value());
   const std::vector<Tensor> leaves{value};
-  if (auto out = gather_same_shapes(ch, leaves, axis, sig.error_code.has_value(), first)) return (*out)[0];
+  if (auto out = gather_same_shapes(ch, leaves, axis, sig.error_code.has_value(), first)) {
+    return std::move((*out)[0]);
+  }
   const Nest<Tensor> nest(value);
   const std::vector<std::string> paths = nest.flatten_paths();
   describe_all_gather(sig, nest, leaves, paths, axis);
-  return gather_after_mismatch(*this, ch, sig, call, leaves, paths, axis)[0];
+  return std::move(gather_after_mismatch(*this, ch, sig, call, leaves, paths, axis)[0]);
 }
 
 std::vector<Tensor> ReplicaContext::all_gather(const std::vector<Tensor>& value, int axis,

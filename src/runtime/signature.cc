@@ -138,7 +138,7 @@ void TagHasher::bytes(const void* p, std::size_t n) {
     word(w);
   }
   std::uint64_t tail = 0;
-  std::memcpy(&tail, c, n);
+  if (n > 0) std::memcpy(&tail, c, n);  // c may be null when n is 0 (an empty vector's data())
   word(tail);
 }
 

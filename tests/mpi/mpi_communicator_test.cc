@@ -126,7 +126,10 @@ void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& 
 TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
   MpiCommunicator comm;
   std::uint64_t seq = 0;
-  for (std::size_t base : {std::size_t{255}, std::size_t{256}, std::size_t{257}, std::size_t{16380}, std::size_t{40000}}) {
+  // 16381 - n: the largest block is the last that fits in the header round (65520 bytes).
+  const std::size_t last_inline = 16381 - static_cast<std::size_t>(comm.size());
+  for (std::size_t base : {std::size_t{255}, std::size_t{256}, std::size_t{257}, last_inline, last_inline + 1,
+                           std::size_t{40000}}) {
     std::vector<std::size_t> counts;
     for (int q = 0; q < comm.size(); ++q) counts.push_back(base + static_cast<std::size_t>(q));
     for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) {
@@ -146,13 +149,16 @@ TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
 TEST(MpiCommunicatorTest, MismatchedBlockSizesLeaveNoStrayMessage) {
   MpiCommunicator comm;
   const int n = comm.size();
-  for (std::size_t block : {std::size_t{2000}, std::size_t{70000}}) {
+  // 2000: every block in the header round; 10000: the last rank's (80 KB) in
+  // a round of its own, the others' (40 KB) in the header round; 70000: all
+  // in their own round.
+  for (std::size_t block : {std::size_t{2000}, std::size_t{10000}, std::size_t{70000}}) {
     SCOPED_TRACE("block " + std::to_string(block));
     const std::size_t mine = comm.rank() == n - 1 ? 2 * block : block;
     std::vector<std::int32_t> send(mine, comm.rank()), recv(mine * static_cast<std::size_t>(n), -1);
     const std::vector<std::size_t> counts(static_cast<std::size_t>(n), mine);
     CollectiveCall c = call("all_gather");
-    c.signature_tag = comm.rank() == n - 1 ? 0x9999 : 0x5678;
+    c.signature_tag = comm.rank() == n - 1 ? 0x999a : 0x5678;  // even: only the comparison can fail them
     EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kInt32, c), SignatureMismatch);
     EXPECT_EQ(recv, std::vector<std::int32_t>(recv.size(), -1)) << "a block was written before the tags were compared";
     float in = 1, out = -1;

@@ -96,6 +96,44 @@ void expect_same_error_on_every_replica(int n, const std::function<void(ReplicaC
   EXPECT_EQ(again[0].num_elements(), n);
 }
 
+// The one-Tensor overload hashes its signature in place (a fast path); the
+// nest overload builds it. Replicas may mix the two: equal shapes (one
+// round), ragged values (the signatures are exchanged), along a negative axis.
+TEST(AllGatherTest, OneTensorOverloadAgreesWithTheOneLeafNest) {
+  for (int n : {2, 3}) {
+    for (bool ragged : {false, true}) {
+      SCOPED_TRACE("replicas=" + std::to_string(n) + (ragged ? " ragged" : " equal shapes"));
+      // Replica q's value: shape (2, 3), or (2, q + 2) when ragged.
+      auto value = [ragged](int q) { return ragged_value(DType::kInt32, {2, 0}, -1, ragged ? q : 1, 2); };
+      auto s = testing::mirrored(n);
+      auto r = s->run([&](ReplicaContext& ctx) -> Tensor {
+        const int id = ctx.replica_id_in_sync_group();
+        if (id % 2 == 0) return ctx.all_gather(value(id), -1);
+        return ctx.all_gather(N(value(id)), -1).leaf();
+      });
+      std::vector<Tensor> parts;
+      for (int q = 0; q < n; ++q) parts.push_back(value(q));
+      const Tensor want = concat(parts, -1);
+      for (int k = 0; k < n; ++k) EXPECT_EQ(r[static_cast<std::size_t>(k)], want) << "replica " << k;
+    }
+  }
+}
+
+TEST(AllGatherErrorsTest, RankZeroOnOneReplicaMixingOverloads) {
+  expect_same_error_on_every_replica<InvalidArgumentError>(
+      3,
+      [](ReplicaContext& ctx) {
+        const int id = ctx.replica_id_in_sync_group();
+        const Tensor x = id == 1 ? constant(1) : constant({1});
+        if (id == 2) {
+          ctx.all_gather(N(x), 0);
+        } else {
+          ctx.all_gather(x, 0);
+        }
+      },
+      "all_gather #1 on replica 1: all_gather needs a value of rank >= 1");
+}
+
 TEST(AllGatherErrorsTest, RankZeroOnOneReplica) {
   expect_same_error_on_every_replica<InvalidArgumentError>(
       3,

@@ -15,8 +15,7 @@
 // chunk, still in cache, into every other member's output; a second round
 // keeps every buffer alive until all members are done with it. Each element
 // is computed once, by one member, so all members receive the same bits.
-// Messages of 4 MiB and more do not fit in cache: each chunk is reduced into
-// an L1-resident buffer and written to the outputs with non-temporal stores.
+// All with normal stores, at every size (kStreamBytes says why).
 #pragma once
 
 #include <memory>
