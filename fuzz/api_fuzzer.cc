@@ -1,14 +1,16 @@
 // libFuzzer target: reads its input as a short program of API calls on a
 // MirroredStrategy of 1 to 4 replicas, valid and invalid alike (bad axes,
 // rank 0, empty tensors, nests that differ, a replica that passes another
-// dtype or shape, skips a collective or calls another one, DLPack tensors with
-// bad dtypes, strides or shapes), and checks what the library promises:
+// dtype or shape, skips a collective or calls another one, replicas mixing the
+// one-Tensor overloads (hashed in place) with one-leaf nests, DLPack tensors
+// with bad dtypes, strides or shapes), and checks what the library promises:
 //  - only distribute's typed errors come out (anything else, a crash, a leak
 //    or undefined behaviour stops the fuzzer; it runs under ASan and UBSan);
 //  - every replica of a run ends alike: the same error (code and message), or
 //    a result;
 //  - a collective that succeeds gives the reference model's result, bit for
-//    bit (tests/testing/reference_model.h);
+//    bit (tests/testing/reference_model.h), and one that every replica calls
+//    alike with valid values succeeds;
 //  - the strategy runs a correct step after whatever went before;
 //  - from_dlpack calls the deleter exactly once when it accepts a tensor, and
 //    never when it refuses one.
@@ -82,6 +84,9 @@ struct Step {
   std::vector<std::vector<std::int64_t>> ragged;   // per leaf, per replica: the size along axis
   int deviant = -1;
   Deviation deviation = Deviation::kNone;
+  // Single-value calls: bit r set, replica r calls the nest overload with a
+  // one-leaf nest instead of the Tensor overload (the same collective).
+  std::uint8_t nest_overload = 0;
   std::vector<std::vector<Tensor>> inputs;         // [replica][leaf]
 };
 
@@ -114,6 +119,7 @@ Step decode_step(FuzzedDataProvider& in, int replicas, std::mt19937_64& gen) {
     s.deviant = in.ConsumeIntegralInRange<int>(0, replicas - 1);
     s.deviation = static_cast<Deviation>(in.ConsumeIntegralInRange<int>(1, static_cast<int>(Deviation::kCount) - 1));
   }
+  if (!nest) s.nest_overload = in.ConsumeIntegral<std::uint8_t>();
   const bool gather = s.call == Call::kAllGather || s.call == Call::kAllGatherNest;
   s.inputs.resize(static_cast<std::size_t>(replicas));
   for (int r = 0; r < replicas; ++r) {
@@ -142,9 +148,10 @@ void print_program(int replicas, const std::vector<Step>& steps) {
   static const char* kDeviations[] = {"none", "other dtype", "other shape", "skip", "other call"};
   std::fprintf(stderr, "%d replicas, %zu steps\n", replicas, steps.size());
   for (const Step& s : steps) {
-    std::fprintf(stderr, "  %s op %s axis %d bytes_per_pack %lld deviant %d (%s)\n", kCalls[static_cast<int>(s.call)],
-                 std::string(to_string(s.op)).c_str(), s.axis, static_cast<long long>(s.bytes_per_pack), s.deviant,
-                 kDeviations[static_cast<int>(s.deviation)]);
+    std::fprintf(stderr, "  %s op %s axis %d bytes_per_pack %lld deviant %d (%s) nest overload on 0x%02x\n",
+                 kCalls[static_cast<int>(s.call)], std::string(to_string(s.op)).c_str(), s.axis,
+                 static_cast<long long>(s.bytes_per_pack), s.deviant, kDeviations[static_cast<int>(s.deviation)],
+                 static_cast<unsigned>(s.nest_overload));
     for (std::size_t r = 0; r < s.inputs.size(); ++r) {
       for (const Tensor& t : s.inputs[r]) std::fprintf(stderr, "    replica %zu: %s\n", r, repr(t).c_str());
     }
@@ -161,11 +168,17 @@ std::vector<Tensor> perform(ReplicaContext& ctx, const Step& s, int replica) {
   }
   CommunicationOptions options;
   options.bytes_per_pack = s.bytes_per_pack;
+  const bool as_nest = ((s.nest_overload >> replica) & 1) != 0;
   switch (call) {
-    case Call::kAllReduce:
-      return {ctx.all_reduce(s.op, mine.empty() ? constant(0.f) : mine.front(), options)};
-    case Call::kAllGather:
-      return {ctx.all_gather(mine.empty() ? constant(0.f) : mine.front(), s.axis, options)};
+    case Call::kAllReduce: {
+      const Tensor value = mine.empty() ? constant(0.f) : mine.front();
+      return {as_nest ? ctx.all_reduce(s.op, Nest<Tensor>(value), options).leaf() : ctx.all_reduce(s.op, value, options)};
+    }
+    case Call::kAllGather: {
+      const Tensor value = mine.empty() ? constant(0.f) : mine.front();
+      return {as_nest ? ctx.all_gather(Nest<Tensor>(value), s.axis, options).leaf()
+                      : ctx.all_gather(value, s.axis, options)};
+    }
     case Call::kAllReduceNest:
       return ctx.all_reduce(s.op, mine, options);
     case Call::kAllGatherNest:
@@ -208,6 +221,20 @@ void check_against_reference(const Step& s, const std::vector<Tensor>& got, int 
            ", the reference model gives " + repr(expected));
     }
   }
+}
+
+// Whether a step without a deviation must succeed on every replica: every
+// all_reduce and merge_call(reduce_to) must; an all_gather must unless a value
+// has rank 0 or the axis is out of its range; Strategy::reduce inside run
+// never does (refused where it is called).
+bool must_succeed(const Step& s) {
+  if (s.call == Call::kCrossReplicaReduce) return false;
+  if (s.call != Call::kAllGather && s.call != Call::kAllGatherNest) return true;
+  for (const auto& dims : s.dims) {
+    const int rank = static_cast<int>(dims.size());
+    if (rank == 0 || s.axis < -rank || s.axis >= rank) return false;
+  }
+  return true;
 }
 
 std::size_t first_deviation(const std::vector<Step>& steps) {
@@ -350,6 +377,11 @@ void fuzz_collectives(FuzzedDataProvider& in) {
   const std::size_t deviation = first_deviation(steps);
   for (int r = 0; r < replicas; ++r) {
     const Outcome& o = outcomes[static_cast<std::size_t>(r)];
+    const auto failed_at = static_cast<std::size_t>(o.failed_at);
+    if (o.failed_at >= 0 && failed_at < deviation && must_succeed(steps[failed_at])) {
+      fail("replica " + std::to_string(r) + ": step " + std::to_string(failed_at) +
+           " is valid on every replica but raised " + std::string(to_string(o.code)) + ": " + o.message);
+    }
     for (std::size_t i = 0; i < o.results.size(); ++i) {
       // From the first deviant step on, there is no reference: collectives
       // pair up by their order, so after a skip a replica's next call may meet
