@@ -58,6 +58,7 @@ struct Options {
   int iters = 20;
   int warmup = 5;
   bool check = false;
+  bool interleave_memcpy = false;  // the memcpy reference alternating with the op (raw engine)
   std::string api = "raw";
   std::string csv;
   int batch = 0;  // > 0: compare one all_reduce of `batch` tensors with `batch` separate calls
@@ -72,6 +73,7 @@ struct Options {
                "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "--api both: the engine and the API alternately in one run, with the API's overhead\n"
+               "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
                "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
@@ -120,6 +122,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--iters" || a == "-n") o.iters = std::atoi(value().c_str());
     else if (a == "--warmup" || a == "-w") o.warmup = std::atoi(value().c_str());
     else if (a == "--check" || a == "-c") o.check = true;
+    else if (a == "--interleave-memcpy") o.interleave_memcpy = true;
     else if (a == "--api") o.api = value();
     else if (a == "--csv") o.csv = value();
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
@@ -132,6 +135,7 @@ Options parse(int argc, char** argv) {
     usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
   }
   if (o.api != "raw" && o.api != "tensor" && o.api != "both") usage("--api must be raw, tensor or both");
+  if (o.interleave_memcpy && o.api != "raw") usage("--interleave-memcpy is for --api raw");
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
   }
@@ -259,6 +263,18 @@ double memcpy_reference(int replicas, std::size_t bytes, int iters) {
   return static_cast<double>(bytes) / (times[times.size() / 2] * 1e3);
 }
 
+// One replica's share of the memcpy reference when it alternates with the op
+// (--interleave-memcpy): its own buffers, touched before the first copy.
+struct MemcpyProbe {
+  std::vector<std::byte> src, dst;
+  explicit MemcpyProbe(std::size_t bytes) : src(bytes, std::byte{1}), dst(bytes, std::byte{0}) {}
+  double run_once() {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), src.size());
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
+};
+
 // Runs the collective `iters + warmup` times on `n` replicas; returns replica 0's
 // timings in microseconds and the last results.
 // Page faults of the whole process during the timed iterations, per operation.
@@ -308,7 +324,10 @@ struct RawOp {
   }
 };
 
-std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Tensor>& results, FaultMeter& faults) {
+// `memcpy_times` (--interleave-memcpy): replica 0's memcpy of the op's bytes,
+// made by every replica at once right after each op.
+std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Tensor>& results, FaultMeter& faults,
+                            std::vector<double>& memcpy_times) {
   const int n = o.replicas;
   auto group = std::make_shared<internal::LocalGroup>(n);
   std::vector<double> times;
@@ -318,10 +337,16 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       RawOp raw(o, group, r, count);
+      std::optional<MemcpyProbe> probe;
+      if (o.interleave_memcpy) probe.emplace(count * size_of(o.dtype));
       for (int it = 0; it < o.warmup + o.iters; ++it) {
         if (r == 0 && it == o.warmup) faults.begin();
         const double us = raw.run_once();
         if (r == 0 && it >= o.warmup) times.push_back(us);
+        if (probe) {
+          const double copy_us = probe->run_once();
+          if (r == 0 && it >= o.warmup) memcpy_times.push_back(copy_us);
+        }
       }
       if (r == 0) faults.end(o.iters);
       results[static_cast<std::size_t>(r)] = raw.out;
@@ -565,6 +590,9 @@ int main(int argc, char** argv) {
     std::printf("# %12s %11s %8s %7s %11s %11s %12s %8s %7s %11s\n", "size(B)", "count", "type", "redop", "raw(us)",
                 "api(us)", "api-raw(us)", "api/raw", "#wrong", "faults/iter");
   } else {
+    if (o.interleave_memcpy) {
+      std::printf("# memcpy: every replica copies the op's bytes right after each op; replica 0's median\n");
+    }
     std::printf("# %12s %11s %8s %7s %11s %10s %11s %11s %7s %9s %12s %9s\n", "size(B)", "count", "type", "redop",
                 "median(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "faults/op", "memcpy(GB/s)",
                 "bus/memcpy");
@@ -582,8 +610,8 @@ int main(int argc, char** argv) {
     row.bytes = count * esz;
     std::vector<Tensor> results;
     FaultMeter faults;
-    std::vector<double> raw_times;
-    std::vector<double> times = o.api == "raw" ? run_raw(o, count, results, faults)
+    std::vector<double> raw_times, memcpy_times;
+    std::vector<double> times = o.api == "raw" ? run_raw(o, count, results, faults, memcpy_times)
                                                : run_tensor(o, *strategy, count, results, faults, raw_times);
     if (both) row.raw_median_us = median(raw_times);
     std::sort(times.begin(), times.end());
@@ -608,7 +636,8 @@ int main(int argc, char** argv) {
       rows.push_back(row);
       continue;
     }
-    row.memcpy_bw = memcpy_reference(o.replicas, row.bytes, std::min(o.iters, 10));
+    row.memcpy_bw = o.interleave_memcpy ? static_cast<double>(row.bytes) / (median(memcpy_times) * 1e3)
+                                        : memcpy_reference(o.replicas, row.bytes, std::min(o.iters, 10));
     std::printf("  %12zu %11zu %8s %7s %11.2f %10.2f %11.3f %11.3f %7s %9.1f %12.3f %9.2f\n", row.bytes, row.count,
                 std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), row.median_us,
                 row.min_us, row.algbw, row.busbw, wrong_text.c_str(),
