@@ -116,6 +116,16 @@ int first_replica_of_group(const ReplicaContext& ctx) {
   return ctx.replica_id_in_sync_group() - ctx.channel().comm->rank();
 }
 
+// A lone value reduced straight into a fresh output: no staging copy.
+Tensor reduce_lone_value(ReplicaChannel& ch, const Tensor& value, ReduceOp op, const CollectiveCall& call,
+                         const std::string& device) {
+  Tensor result = Tensor::uninitialized(value.dtype(), value.shape(), device);
+  ch.comm->all_reduce(value.raw_data(), result.mutable_raw_data(), static_cast<std::size_t>(value.num_elements()),
+                      value.dtype(), op, call);
+  ++ch.data_calls;
+  return result;
+}
+
 // Reduces `leaves` (already agreed on) pack by pack.
 // The first pack's collective carries call.signature_tag, so the agreement
 // check rides on the first data round; later packs need none.
@@ -126,13 +136,9 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
   if (packs.empty()) ch.comm->barrier(call);  // nothing to move, but the signature must still agree
   for (const internal::Pack& pack : packs) {
     const std::size_t esz = size_of(pack.dtype);
-    if (pack.leaves.size() == 1) {  // no staging copy for a lone value
-      const Tensor& leaf = leaves[pack.leaves[0]];
-      Tensor result = Tensor::uninitialized(leaf.dtype(), leaf.shape(), device);
-      ch.comm->all_reduce(leaf.raw_data(), result.mutable_raw_data(), pack.count, pack.dtype, op, call);
+    if (pack.leaves.size() == 1) {
+      out[pack.leaves[0]] = reduce_lone_value(ch, leaves[pack.leaves[0]], op, call, device);
       call.signature_tag = 0;
-      ++ch.data_calls;
-      out[pack.leaves[0]] = std::move(result);
       continue;
     }
     // The pack is reduced straight from the values into one output buffer
@@ -227,11 +233,7 @@ Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const Commun
   tag.leaf(value.dtype(), value.shape().dims_span());
   call.signature_tag = tag.finish(sig.error_code.has_value());
   try {
-    Tensor result = Tensor::uninitialized(value.dtype(), value.shape());
-    ch.comm->all_reduce(value.raw_data(), result.mutable_raw_data(), static_cast<std::size_t>(value.num_elements()),
-                        value.dtype(), op, call);
-    ++ch.data_calls;
-    return result;
+    return reduce_lone_value(ch, value, op, call, /*device=*/{});
   } catch (const internal::SignatureMismatch&) {
     const Nest<Tensor> nest(value);
     describe_all_reduce(sig, op, nest, {value}, opts.bytes_per_pack);
