@@ -33,10 +33,11 @@ struct CollectiveCall {
   double timeout_seconds = 0;          // 0: wait forever
   double stall_warning_seconds = 0;    // 0: never warn
   // Non-zero on the first call of a collective: a hash of what must agree
-  // (bit 0 set: this rank found its own arguments invalid). Before any data
-  // moves, a communicator compares the tags of all ranks; if they differ or
-  // any has bit 0, every rank throws internal::SignatureMismatch and the
-  // runtime exchanges full signatures to say what differs.
+  // (bit 0 set: this rank found its own arguments invalid). Before any
+  // result is delivered, a communicator compares the tags of all ranks; if
+  // they differ or any has bit 0, every rank throws internal::SignatureMismatch
+  // (inputs untouched, nothing left in flight; see all_gather_v for its
+  // output) and the runtime exchanges full signatures to say what differs.
   std::uint64_t signature_tag = 0;
 };
 
@@ -83,7 +84,10 @@ class Communicator {
                               ReduceOp op, const CollectiveCall& call, std::int64_t mean_divisor = 0);
   // Rank r contributes outer * counts[r] elements, seen as `outer` rows of
   // counts[r]. recv holds `outer` rows, each the concatenation of every
-  // rank's row in rank order (outer == 1: plain all-gather-v).
+  // rank's row in rank order (outer == 1: plain all-gather-v). On
+  // SignatureMismatch, recv's blocks of other ranks may hold what arrived
+  // (a backend may receive blocks into place while it compares tags); send
+  // and this rank's own block are untouched.
   virtual void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                             DType dtype, const CollectiveCall& call) = 0;
   // Copies root's buffer into every other rank's buffer.

@@ -121,13 +121,15 @@ void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& 
 
 // All-gathers around the sizes where the header round's paths change: blocks
 // copied behind the header (up to 1 KiB), sent in place with it (up to
-// 64 KiB), and in a round of their own; ragged, with and without outer rows,
-// tagged and untagged.
+// 64 KiB), and beyond: with a tag, a message of their own posted alongside
+// the header round; untagged, a message of their own. Ragged, with and
+// without outer rows, tagged and untagged.
 TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
   MpiCommunicator comm;
   std::uint64_t seq = 0;
-  // 16381 - n: the largest block is the last that fits in the header round (65520 bytes).
-  const std::size_t last_inline = 16381 - static_cast<std::size_t>(comm.size());
+  // The largest block (base + n - 1 ints) is the last that travels in the header round.
+  const std::size_t last_inline =
+      MpiCommunicator::kPostedGatherBytes / sizeof(std::int32_t) + 1 - static_cast<std::size_t>(comm.size());
   for (std::size_t base : {std::size_t{255}, std::size_t{256}, std::size_t{257}, last_inline, last_inline + 1,
                            std::size_t{40000}}) {
     std::vector<std::size_t> counts;
@@ -144,14 +146,18 @@ TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
 }
 
 // A mismatch of block sizes, in the header round and beyond it: every rank
-// throws SignatureMismatch with its output untouched, and the next calls
-// (small and large) find no stray message.
+// throws SignatureMismatch, and the next calls (small and large) find no
+// stray message. Blocks of the size a rank expects may have arrived (a
+// posted all-gather receives them into place alongside the header round);
+// none of another size, and never this rank's own block.
 TEST(MpiCommunicatorTest, MismatchedBlockSizesLeaveNoStrayMessage) {
   MpiCommunicator comm;
   const int n = comm.size();
-  // 2000: every block in the header round; 10000: the last rank's (80 KB) in
-  // a round of its own, the others' (40 KB) in the header round; 70000: all
-  // in their own round.
+  // In ints: 2000: every block in the header round; 10000: the last rank
+  // posts its receives (80 KB blocks), the others send theirs in the header
+  // round (40 KB); 70000: all posted.
+  constexpr std::size_t kPosted = MpiCommunicator::kPostedGatherBytes;
+  static_assert(kPosted >= 80000 / 2 && kPosted < 80000);
   for (std::size_t block : {std::size_t{2000}, std::size_t{10000}, std::size_t{70000}}) {
     SCOPED_TRACE("block " + std::to_string(block));
     const std::size_t mine = comm.rank() == n - 1 ? 2 * block : block;
@@ -160,7 +166,21 @@ TEST(MpiCommunicatorTest, MismatchedBlockSizesLeaveNoStrayMessage) {
     CollectiveCall c = call("all_gather");
     c.signature_tag = comm.rank() == n - 1 ? 0x999a : 0x5678;  // even: only the comparison can fail them
     EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kInt32, c), SignatureMismatch);
-    EXPECT_EQ(recv, std::vector<std::int32_t>(recv.size(), -1)) << "a block was written before the tags were compared";
+    for (std::size_t q = 0; q < static_cast<std::size_t>(n); ++q) {
+      // Rank q's block here: mine ints at q * mine. Rank q sent `block` ints
+      // (2 * block from the last rank): only a block of the size this rank
+      // expects can have landed, and this rank's own never.
+      const std::size_t sent = static_cast<int>(q) == n - 1 ? 2 * block : block;
+      const bool may_land = sent == mine && static_cast<int>(q) != comm.rank() && mine * 4 > kPosted;
+      const std::vector<std::int32_t> got(recv.begin() + static_cast<std::ptrdiff_t>(q * mine),
+                                          recv.begin() + static_cast<std::ptrdiff_t>((q + 1) * mine));
+      const std::vector<std::int32_t> untouched(mine, -1), landed(mine, static_cast<std::int32_t>(q));
+      if (may_land) {
+        EXPECT_TRUE(got == untouched || got == landed) << "rank " << q << "'s block is neither untouched nor whole";
+      } else {
+        EXPECT_EQ(got, untouched) << "rank " << q << "'s block was written";
+      }
+    }
     float in = 1, out = -1;
     CollectiveCall after = call("all_reduce", 2);
     after.signature_tag = 0x1234;
@@ -242,10 +262,11 @@ TEST(MpiCommunicatorTest, DifferentTagsThrowOnEveryRankAndTheCommunicatorStaysUs
   EXPECT_EQ(out, static_cast<float>(comm.size()));
 }
 
-// A large all-gather (beyond the header round's inline data): a peer in
-// another call, or one whose tag says another block size, makes every rank
-// throw SignatureMismatch before any block moves, and the communicator stays
-// usable: nothing is left in flight.
+// A large all-gather (beyond the header round's inline data, its blocks
+// posted alongside the header round): a peer in another call, or one whose
+// tag says another block size or another tag with the same size, makes
+// every rank throw SignatureMismatch, and the communicator stays usable:
+// nothing is left in flight.
 TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
   MpiCommunicator comm;
   const int n = comm.size();
@@ -271,7 +292,25 @@ TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
     shaped.signature_tag = comm.rank() == n - 1 ? 0x9999 : 0x5678;  // the shapes are in the tag
     EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, shaped), SignatureMismatch);
   }
+  // The same block sizes, another tag on the last rank: the blocks arrive
+  // (they match the receives posted for them), and every rank still throws.
+  {
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
+    CollectiveCall tagged = c;
+    tagged.signature_tag = comm.rank() == n - 1 ? 0x9998 : 0x5678;
+    EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, tagged), SignatureMismatch);
+  }
+  // The last rank in an exchange of a payload too large for the header round.
+  if (comm.rank() == n - 1) {
+    CollectiveCall other = call("exchange");
+    other.signature_tag = 0x1234;
+    EXPECT_THROW(comm.exchange(std::string(100000, 'x'), other), SignatureMismatch);
+  } else {
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
+    EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, c), SignatureMismatch);
+  }
   // Then a matching one goes through, every block in place.
+  std::fill(recv.begin(), recv.end(), -1.0f);
   const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
   comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, c);
   for (int q = 0; q < n; ++q) {

@@ -28,6 +28,12 @@ constexpr int kHeaderTag = 3;
 // Measured at 2 workers: from 2 MiB of input, halving each rank's reduction
 // work beats saving a round (docs/benchmarks.md, multi-worker).
 constexpr std::size_t kGatherAllBytes = 1 << 20;
+// How long a wait polls MPI without pause before it starts yielding the core
+// between polls. Measured at 2 workers (docs/benchmarks.md, multi-worker):
+// yielding from the first poll cost 1 to 4 us per call, 1.2 to 1.5x
+// MPI_Allgatherv from 8 KiB to 512 KiB; 50 and 200 us both removed that, and
+// 3 workers on 2 cores did not slow down. 200 us covers a whole 2 MiB call.
+constexpr auto kSpinBeforeYield = std::chrono::microseconds(200);
 // Polls of a pending request between two looks for failure notices.
 constexpr unsigned kPollsPerNoticeProbe = 32;
 
@@ -83,6 +89,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", setup);
   check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", setup);
   check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", setup);
+  int* tag_ub = nullptr;
+  int has_tag_ub = 0;
+  check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub), "MPI_Comm_get_attr", setup);
+  if (has_tag_ub && tag_ub != nullptr) tag_ub_ = *tag_ub;
   check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
 }
 
@@ -226,20 +236,19 @@ void MpiCommunicator::release(MPI_Request* requests, int count, int receives) no
   }
 }
 
-void MpiCommunicator::poll_all(MPI_Request* requests, int count, const CollectiveCall& call, MPI_Status* statuses) {
+template <class Done>
+void MpiCommunicator::poll(const CollectiveCall& call, Done&& done) {
   const Clock::time_point start = Clock::now();
   const bool bounded = call.timeout_seconds > 0;
   const Clock::time_point deadline =
       bounded ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(call.timeout_seconds))
               : Clock::time_point::max();
+  bool yielding = false;
   for (unsigned polls = 0;; ++polls) {
-    int done = 0;
-    check(MPI_Testall(count, requests, &done, statuses != nullptr ? statuses : MPI_STATUSES_IGNORE), "MPI_Testall",
-          call);
     // A call that completes has completed on every rank's inputs, even if a
     // peer failed after sending them: a notice that arrives later is raised
     // by the next call, not this one.
-    if (done) return;
+    if (done()) return;
     if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) receive_notice();
     if (failed_.load(std::memory_order_acquire)) throw_if_failed();
     if (bounded && (polls & 63) == 0 && Clock::now() >= deadline) {
@@ -251,20 +260,41 @@ void MpiCommunicator::poll_all(MPI_Request* requests, int count, const Collectiv
       abort(ErrorCode::kDeadlineExceeded, message, rank_);
       throw DeadlineExceededError(message);
     }
-    // Progress needs MPI_Test calls; between them, give the core to others
-    // (processes usually outnumber cores here).
-    std::this_thread::yield();
+    // Progress needs MPI_Test calls. A message that is about to arrive is
+    // caught soonest by polling without pause; after kSpinBeforeYield, the
+    // core goes to others between polls (processes often outnumber cores).
+    if (yielding || Clock::now() - start >= kSpinBeforeYield) {
+      yielding = true;
+      std::this_thread::yield();
+    }
   }
+}
+
+void MpiCommunicator::poll_all(MPI_Request* requests, int count, const CollectiveCall& call, MPI_Status* statuses) {
+  poll(call, [&] {
+    int done = 0;
+    check(MPI_Testall(count, requests, &done, statuses != nullptr ? statuses : MPI_STATUSES_IGNORE), "MPI_Testall",
+          call);
+    return done != 0;
+  });
 }
 
 const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std::uint64_t tag, std::uint64_t size,
                                                                           const void* data, std::size_t inline_bytes,
                                                                           const CollectiveCall& call) {
+  post_header_round(tag, size, data, inline_bytes, call);
+  return finish_header_round(call, nullptr);
+}
+
+void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, const void* data,
+                                        std::size_t inline_bytes, const CollectiveCall& call) {
   constexpr std::size_t kSlot = sizeof(Header) + kInlineBytes;
   const auto n = static_cast<std::size_t>(size_);
+  ++header_rounds_;
   header_out_ = Header{tag, size};
   header_in_.resize(kSlot * n);
   received_.assign(n, Received{});
+  received_[me()] = Received{header_out_, static_cast<const std::byte*>(data), inline_bytes};
   std::vector<MPI_Request>& requests = header_requests_;
   requests.clear();
   for (int q = 0; q < size_; ++q) {
@@ -298,18 +328,19 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std:
           "MPI_Isend", call);
   }
   if (message != MPI_DATATYPE_NULL) MPI_Type_free(&message);  // freed by MPI when the sends are done
+}
+
+const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_round(
+    const CollectiveCall& call, const std::vector<int>* sizes_posted) {
+  constexpr std::size_t kSlot = sizeof(Header) + kInlineBytes;
+  std::vector<MPI_Request>& requests = header_requests_;
   std::vector<MPI_Status>& statuses = header_statuses_;
   statuses.resize(requests.size());
   wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, statuses.data());
   std::size_t r = 0;
-  for (std::size_t q = 0; q < n; ++q) {
+  for (std::size_t q = 0; q < received_.size(); ++q) {
+    if (q == me()) continue;
     Received& in = received_[q];
-    if (q == me()) {
-      in.header = header_out_;
-      in.data = static_cast<const std::byte*>(data);
-      in.inline_bytes = inline_bytes;
-      continue;
-    }
     int bytes = 0;
     MPI_Get_count(&statuses[r++], MPI_BYTE, &bytes);
     const std::byte* slot = header_in_.data() + kSlot * q;
@@ -317,10 +348,36 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std:
     in.data = slot + sizeof(Header);
     in.inline_bytes = static_cast<std::size_t>(bytes) - sizeof(Header);
   }
+  bool mismatch = false;
   for (const Received& in : received_) {
-    if (in.header.tag != received_[0].header.tag || (in.header.tag & 1) != 0) throw SignatureMismatch();
+    mismatch |= in.header.tag != received_[0].header.tag || (in.header.tag & 1) != 0;
   }
-  return received_;
+  if (!mismatch) return received_;
+  // Peers in a posted all-gather sent their blocks behind their headers:
+  // receive and drop those that no receive of this rank matches, so that no
+  // later call finds them.
+  std::size_t total = 0;
+  for (std::size_t q = 0; q < received_.size(); ++q) {
+    const std::uint64_t size = received_[q].header.size;
+    if (q == me() || !(size & kBlockFollows)) continue;
+    const std::size_t bytes = size & ~kBlockFollows;
+    if (sizes_posted == nullptr || static_cast<std::size_t>((*sizes_posted)[q]) != bytes) total += bytes;
+  }
+  std::byte* sink = scratch(std::max<std::size_t>(total, 1));
+  std::vector<MPI_Request> drains;
+  for (std::size_t q = 0; q < received_.size(); ++q) {
+    const std::uint64_t size = received_[q].header.size;
+    if (q == me() || !(size & kBlockFollows)) continue;
+    const std::size_t bytes = size & ~kBlockFollows;
+    if (sizes_posted != nullptr && static_cast<std::size_t>((*sizes_posted)[q]) == bytes) continue;
+    drains.emplace_back();
+    check(MPI_Irecv(sink, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(q), block_tag(bytes, header_rounds_ - 1),
+                    comm_, &drains.back()),
+          "MPI_Irecv", call);
+    sink += bytes;
+  }
+  wait_all(drains.data(), static_cast<int>(drains.size()), static_cast<int>(drains.size()), call);
+  throw SignatureMismatch();
 }
 
 void MpiCommunicator::check_tags(const CollectiveCall& call) {
@@ -356,6 +413,65 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
   }
   if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
   wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
+}
+
+void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
+                                    const std::vector<int>& counts, const CollectiveCall& call) {
+  const int bytes = to_int(send_bytes, call);
+  std::vector<MPI_Request>& blocks = block_requests_;
+  blocks.clear();
+  const std::uint64_t round = header_rounds_;  // the header round posted below
+  // Every peer's block is received straight into place, the receive posted
+  // before any header leaves: a block that arrives is never held back for its
+  // header's round. Zero-byte blocks are sent too, so every peer's header is
+  // followed by exactly one block.
+  std::size_t at = 0;
+  std::byte* own = nullptr;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    if (q == me()) {
+      own = recv + at;
+    } else {
+      blocks.emplace_back();
+      check(MPI_Irecv(recv + at, counts[q], MPI_BYTE, static_cast<int>(q),
+                      block_tag(static_cast<std::size_t>(counts[q]), round), comm_, &blocks.back()),
+            "MPI_Irecv", call);
+    }
+    at += static_cast<std::size_t>(counts[q]);
+  }
+  const int receives = static_cast<int>(blocks.size());
+  try {
+    post_header_round(call.signature_tag, kBlockFollows | static_cast<std::uint64_t>(bytes), nullptr, 0, call);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      blocks.emplace_back();
+      check(MPI_Isend(send, bytes, MPI_BYTE, q, block_tag(send_bytes, round), comm_, &blocks.back()), "MPI_Isend",
+            call);
+    }
+    finish_header_round(call, &counts);
+  } catch (const SignatureMismatch&) {
+    // finish_header_round has received the blocks of another size. A peer
+    // whose header announced a block of the size expected has sent it into
+    // its receive here. Any other peer sent none under that tag in this
+    // round, and cannot before this rank's next header (its next call's
+    // block has the other parity, block_tag), so its receive is cancelled
+    // unmatched.
+    std::size_t r = 0;
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      if (q == me()) continue;
+      const std::uint64_t size = received_[q].header.size;
+      if (!(size & kBlockFollows) || (size & ~kBlockFollows) != static_cast<std::uint64_t>(counts[q])) {
+        MPI_Cancel(&blocks[r]);
+      }
+      ++r;
+    }
+    wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call);
+    throw;
+  } catch (...) {
+    release(blocks.data(), static_cast<int>(blocks.size()), receives);
+    throw;
+  }
+  if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
+  wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call);
 }
 
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
@@ -485,18 +601,25 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
   // Every rank's block, rank by rank (each rank's `outer` rows together).
   std::vector<const std::byte*> blocks(counts.size());
   std::shared_ptr<std::byte> staged;
-  if (largest <= kInlineBytes) {
+  if (largest <= kPostedGatherBytes || size_ == 1) {
     // Small: the blocks travel in the header round, the only round.
     const std::vector<Received>& in = header_round(call.signature_tag, 0, send, mine, call);
     for (std::size_t q = 0; q < counts.size(); ++q) blocks[q] = in[q].data;
   } else {
-    check_tags(call);
-    if (outer == 1) {
-      gather_bytes(send, mine, recv, bytes, call);
-      return;
+    // Larger: one message per block, into place (rows: into a staging
+    // buffer, laid out below); with a tag, its header round alongside.
+    std::byte* into = static_cast<std::byte*>(recv);
+    if (outer != 1) {
+      staged = allocate_storage(total);
+      into = staged.get();
     }
-    staged = allocate_storage(total);
-    gather_bytes(send, mine, staged.get(), bytes, call);
+    if (call.signature_tag != 0 && largest <= largest_tagged_block()) {
+      posted_gather(send, mine, into, bytes, call);
+    } else {
+      check_tags(call);
+      gather_bytes(send, mine, into, bytes, call);
+    }
+    if (outer == 1) return;
     std::size_t at = 0;
     for (std::size_t q = 0; q < counts.size(); ++q) {
       blocks[q] = staged.get() + at;

@@ -22,10 +22,12 @@
 // (the tag and a size) followed by up to 64 KiB of data, received into
 // buffers of the largest size. Every kind of call begins the same way, so ranks that
 // disagree still match at the MPI level and all see the tags differ before
-// any other data moves; small all_reduces, all-gathers and exchanges, and
-// barriers, need no other round.
+// any result is delivered; small all_reduces, all-gathers and exchanges, and
+// barriers, need no other round. A larger tagged all-gather posts its blocks
+// alongside the header round instead of after it (posted_gather).
 //
-// No call blocks without bound: every request is polled with MPI_Testall, so
+// No call blocks without bound: every request is polled with MPI_Testall
+// (without pause for the first 200 us, then yielding between polls), so
 // a timeout raises DeadlineExceededError and abort() raises
 // the abort's error. MPI cannot cancel a started collective, so after either
 // the communicator is broken for good (UnavailableError). MPI errors become
@@ -81,8 +83,16 @@ class MpiCommunicator final : public Communicator {
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 
- private:
+  // The most data one rank sends inside the header round.
   static constexpr std::size_t kInlineBytes = 64 * 1024 - 16;
+  // All-gathers whose largest block is at most this many bytes move the
+  // blocks inside the header round; larger ones send each block as a message
+  // of its own, alongside the header round (posted_gather) or, beyond what
+  // MPI's tags can name, after it.
+  static constexpr std::size_t kPostedGatherBytes = kInlineBytes;
+  static_assert(kPostedGatherBytes <= kInlineBytes);
+
+ private:
   struct Header {
     std::uint64_t tag = 0;
     std::uint64_t size = 0;  // what the call says; the inline data, if any, follows
@@ -92,11 +102,51 @@ class MpiCommunicator final : public Communicator {
     const std::byte* data = nullptr;  // inline data (`inline_bytes` of it)
     std::size_t inline_bytes = 0;
   };
+  // Set in Header::size by a posted all-gather (posted_gather): a block
+  // message of the size in the low bits follows the header, with MPI tag
+  // block_tag(size).
+  static constexpr std::uint64_t kBlockFollows = std::uint64_t{1} << 63;
+  // A posted all-gather's block travels under an MPI tag made of its size
+  // and the parity of the header round it belongs to:
+  //  - a receive posted for another size cannot match it (matching it and
+  //    truncating it is no option: OpenMPI 4.1 writes a truncated
+  //    single-copy message past the end of the receive buffer);
+  //  - a receive cancelled after a mismatch cannot match the same peer's
+  //    block of the next call, which may be sent before the cancel (a peer
+  //    sends its block without waiting for headers); the call after that
+  //    needs this rank's next header first.
+  static constexpr int kFirstBlockTag = 16;
+  static int block_tag(std::size_t bytes, std::uint64_t round) {
+    return kFirstBlockTag + 2 * static_cast<int>(bytes) + static_cast<int>(round & 1);
+  }
+  // The largest block with a tag of its own.
+  std::size_t largest_tagged_block() const { return static_cast<std::size_t>(tag_ub_ - kFirstBlockTag - 1) / 2; }
   // The header round: sends {tag, size} and `inline_bytes` (<= kInlineBytes)
   // of `data` to every other rank; returns every rank's, in rank order.
-  // Throws SignatureMismatch on every rank if the tags differ.
+  // Throws SignatureMismatch on every rank if the tags differ, after
+  // receiving and dropping the blocks that peers in a posted all-gather sent.
   const std::vector<Received>& header_round(std::uint64_t tag, std::uint64_t size, const void* data,
                                             std::size_t inline_bytes, const CollectiveCall& call);
+  // header_round in two halves: post its receives and sends, then wait for
+  // them and compare the tags. On a mismatch, receives and drops the blocks
+  // that peers announced and that no receive of this rank matches
+  // (`sizes_posted[q]`: the size of the receive posted for peer q's block;
+  // nullptr: none posted).
+  void post_header_round(std::uint64_t tag, std::uint64_t size, const void* data, std::size_t inline_bytes,
+                         const CollectiveCall& call);
+  const std::vector<Received>& finish_header_round(const CollectiveCall& call, const std::vector<int>* sizes_posted);
+  // all_gather_v of bytes (outer == 1) with a tag, in one round: every block's
+  // receive is posted into place before the headers are sent, and each block
+  // follows its header at once. On a mismatch every block sent is received
+  // (into place if its size is the one expected, else dropped) and every
+  // receive left unmatched is cancelled, so nothing is left in flight;
+  // `recv`'s blocks of other ranks then hold whatever arrived.
+  void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv, const std::vector<int>& counts,
+                     const CollectiveCall& call);
+  // Polls `done()` until it returns true, watching the timeout, abort and
+  // other ranks' failure notices in between.
+  template <class Done>
+  void poll(const CollectiveCall& call, Done&& done);
   // The header round with the tag alone, if the call has one.
   void check_tags(const CollectiveCall& call);
   // Waits for all `count` requests (the first `receives` of them receives),
@@ -138,7 +188,9 @@ class MpiCommunicator final : public Communicator {
   std::array<std::byte, sizeof(Header) + kCopiedInlineBytes> small_out_{};  // header + a little data
   std::vector<std::byte> header_in_;   // every other rank's message, header + kInlineBytes each
   std::vector<Received> received_;
+  std::uint64_t header_rounds_ = 0;  // header rounds started; the same count on every rank
   std::vector<MPI_Request> header_requests_;  // reused: the header round is every small call's path
+  std::vector<MPI_Request> block_requests_;   // reused by posted_gather
   std::vector<MPI_Status> header_statuses_;
   std::shared_ptr<std::byte> scratch_;
   std::size_t scratch_bytes_ = 0;
@@ -150,6 +202,7 @@ class MpiCommunicator final : public Communicator {
   std::string notice_;  // error code byte + message; written once, before notice_pending_
   int rank_ = 0;
   int size_ = 1;
+  int tag_ub_ = 32767;  // MPI_TAG_UB of comm_ (at least 32767 by the standard)
   std::mutex mu_;
   std::atomic<bool> failed_{false};
   ErrorCode failure_code_ = ErrorCode::kUnavailable;
