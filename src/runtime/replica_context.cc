@@ -316,25 +316,38 @@ void describe_all_gather(Signature& sig, const Nest<Tensor>& value, const std::v
   }
 }
 
+// One leaf's data round, laid out as `layout` says.
+Tensor gather_leaf(ReplicaChannel& ch, const Tensor& leaf, const internal::GatherLayout& layout,
+                   const CollectiveCall& call) {
+  const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
+  Tensor gathered = Tensor::uninitialized(leaf.dtype(), layout.shape, device);
+  ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), layout.counts, layout.outer, leaf.dtype(), call);
+  ++ch.data_calls;
+  return gathered;
+}
+
+// The layout if every member's value has the shape of `leaf`.
+internal::GatherLayout same_shapes_layout(const ReplicaChannel& ch, const Tensor& leaf, int axis) {
+  const auto along = leaf.shape().dims_span()[static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis)];
+  return internal::gather_layout(leaf, axis, static_cast<std::size_t>(ch.comm->size()),
+                                 [along](std::size_t) { return along; });
+}
+
 // Gathers every leaf; `sigs` gives every member's shapes (nullptr: all are this replica's).
 std::vector<Tensor> gather_values(ReplicaChannel& ch, const std::vector<Tensor>& leaves, int axis,
                                   const std::vector<Signature>* sigs, CollectiveCall data_call) {
-  const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   const auto members = static_cast<std::size_t>(ch.comm->size());
   std::vector<Tensor> out;
   out.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const Tensor& leaf = leaves[i];
     const auto a = static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis);
-    const internal::GatherLayout layout = internal::gather_layout(leaf, axis, members, [&](std::size_t q) {
-      return sigs ? (*sigs)[q].leaves[i].dims[a] : leaf.shape().dims_span()[a];
-    });
-    Tensor gathered = Tensor::uninitialized(leaf.dtype(), layout.shape, device);
-    ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), layout.counts, layout.outer, leaf.dtype(),
-                          data_call);
+    out.push_back(gather_leaf(ch, leaf,
+                              sigs ? internal::gather_layout(leaf, axis, members,
+                                                             [&](std::size_t q) { return (*sigs)[q].leaves[i].dims[a]; })
+                                   : same_shapes_layout(ch, leaf, axis),
+                              data_call));
     data_call.signature_tag = 0;
-    ++ch.data_calls;
-    out.push_back(std::move(gathered));
   }
   return out;
 }
@@ -400,10 +413,16 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
   tag.leaf(value.dtype(), value.shape().dims_span());
   CollectiveCall first = call;
   first.signature_tag = tag.finish(sig.error_code.has_value());
-  const std::vector<Tensor> leaves{value};
-  if (auto out = gather_same_shapes(ch, leaves, axis, sig.error_code.has_value(), first)) {
-    return std::move((*out)[0]);
+  // gather_same_shapes for one value, without its vectors.
+  try {
+    if (sig.error_code) {
+      ch.comm->barrier(first);  // the tag says this replica's value is invalid: every replica throws
+    } else {
+      return gather_leaf(ch, value, same_shapes_layout(ch, value, axis), first);
+    }
+  } catch (const internal::SignatureMismatch&) {
   }
+  const std::vector<Tensor> leaves{value};
   const Nest<Tensor> nest(value);
   const std::vector<std::string> paths = nest.flatten_paths();
   describe_all_gather(sig, nest, leaves, paths, axis);

@@ -41,26 +41,9 @@ void validate_gather_leaf(const Tensor& value, int axis, Signature& sig) {
   }
 }
 
-GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members,
-                           const std::function<std::int64_t(std::size_t)>& along) {
-  const int a = axis < 0 ? axis + value.rank() : axis;
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < a; ++d) outer *= value.shape()[d];
-  for (int d = a + 1; d < value.rank(); ++d) inner *= value.shape()[d];
-  std::vector<std::int64_t> dims = value.shape().dims();
-  dims[static_cast<std::size_t>(a)] = 0;
-  GatherLayout layout;
-  layout.outer = static_cast<std::size_t>(outer);
-  for (std::size_t q = 0; q < members; ++q) {
-    const std::int64_t n = along(q);
-    layout.counts.push_back(static_cast<std::size_t>(n * inner));
-    if (__builtin_add_overflow(dims[static_cast<std::size_t>(a)], n, &dims[static_cast<std::size_t>(a)])) {
-      throw InvalidArgumentError("all_gather: the sizes along axis " + std::to_string(a) +
-                                 " add up to more than 2^63 - 1");
-    }
-  }
-  layout.shape = Shape(dims);
-  return layout;
+void throw_gather_size_overflow(int axis) {
+  throw InvalidArgumentError("all_gather: the sizes along axis " + std::to_string(axis) +
+                             " add up to more than 2^63 - 1");
 }
 
 }  // namespace distribute::internal

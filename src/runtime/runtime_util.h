@@ -45,7 +45,29 @@ struct GatherLayout {
   std::vector<std::size_t> counts;
   Shape shape;
 };
-GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members,
-                           const std::function<std::int64_t(std::size_t)>& along);
+// (A template, not std::function: it runs on every all_gather, and a
+// std::function of the callers' lambdas costs a heap allocation.)
+[[noreturn]] void throw_gather_size_overflow(int axis);
+template <class Along>
+GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members, Along&& along) {
+  const int a = axis < 0 ? axis + value.rank() : axis;
+  const auto dims_in = value.shape().dims_span();
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < a; ++d) outer *= dims_in[static_cast<std::size_t>(d)];
+  for (int d = a + 1; d < value.rank(); ++d) inner *= dims_in[static_cast<std::size_t>(d)];
+  std::vector<std::int64_t> dims(dims_in.begin(), dims_in.end());
+  std::int64_t& along_axis = dims[static_cast<std::size_t>(a)];
+  along_axis = 0;
+  GatherLayout layout;
+  layout.outer = static_cast<std::size_t>(outer);
+  layout.counts.reserve(members);
+  for (std::size_t q = 0; q < members; ++q) {
+    const std::int64_t n = along(q);
+    layout.counts.push_back(static_cast<std::size_t>(n * inner));
+    if (__builtin_add_overflow(along_axis, n, &along_axis)) throw_gather_size_overflow(a);
+  }
+  layout.shape = Shape(dims);
+  return layout;
+}
 
 }  // namespace distribute::internal
