@@ -274,15 +274,31 @@ TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
   std::vector<float> send(2 * big, static_cast<float>(comm.rank())), recv(2 * big * static_cast<std::size_t>(n));
   CollectiveCall c = call("all_gather");
   c.signature_tag = 0x5678;
-  // The last rank is in an all_reduce (a small header-round message) instead.
-  if (comm.rank() == n - 1) {
-    float in = 1, out = -1;
-    CollectiveCall other = call("all_reduce");
-    other.signature_tag = 0x1234;
-    EXPECT_THROW(comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, other), SignatureMismatch);
-  } else {
-    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
-    EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, c), SignatureMismatch);
+  // The last rank is in another call instead: a small all_reduce (its data
+  // in the header round), a barrier, a large broadcast and a large
+  // all_reduce (the header round, then data).
+  std::vector<float> large(400000, 1.0f), large_out(large.size());
+  for (int kind = 0; kind < 4; ++kind) {
+    SCOPED_TRACE("the last rank's call: " + std::to_string(kind));
+    if (comm.rank() == n - 1) {
+      float in = 1, out = -1;
+      CollectiveCall other = call(kind == 1 ? "barrier" : kind == 2 ? "broadcast" : "all_reduce");
+      other.signature_tag = 0x1234;
+      if (kind == 0) {
+        EXPECT_THROW(comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, other), SignatureMismatch);
+      } else if (kind == 1) {
+        EXPECT_THROW(comm.barrier(other), SignatureMismatch);
+      } else if (kind == 2) {
+        EXPECT_THROW(comm.broadcast(large.data(), large.size(), DType::kFloat32, 0, other), SignatureMismatch);
+      } else {
+        EXPECT_THROW(comm.all_reduce(large.data(), large_out.data(), large.size(), DType::kFloat32, ReduceOp::kSum,
+                                     other),
+                     SignatureMismatch);
+      }
+    } else {
+      const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
+      EXPECT_THROW(comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kFloat32, c), SignatureMismatch);
+    }
   }
   // The last rank's block is twice as long, as each rank assumes all are like its own.
   {

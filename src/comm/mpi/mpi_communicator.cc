@@ -112,6 +112,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (failed_.load()) {
     new std::vector<std::byte>(std::move(header_in_));
     new std::shared_ptr<std::byte>(std::move(scratch_));
+    new std::shared_ptr<std::byte>(std::move(drain_));
   }
 }
 
@@ -299,7 +300,7 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
   requests.clear();
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    requests.emplace_back();
+    requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Irecv(header_in_.data() + kSlot * static_cast<std::size_t>(q), static_cast<int>(kSlot), MPI_BYTE, q,
                     kHeaderTag, comm_, &requests.back()),
           "MPI_Irecv", call);
@@ -321,7 +322,7 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
   }
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    requests.emplace_back();
+    requests.emplace_back(MPI_REQUEST_NULL);
     check(copy ? MPI_Isend(small_out_.data(), static_cast<int>(sizeof(Header) + inline_bytes), MPI_BYTE, q,
                            kHeaderTag, comm_, &requests.back())
                : MPI_Isend(MPI_BOTTOM, 1, message, q, kHeaderTag, comm_, &requests.back()),
@@ -355,28 +356,36 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
   if (!mismatch) return received_;
   // Peers in a posted all-gather sent their blocks behind their headers:
   // receive and drop those that no receive of this rank matches, so that no
-  // later call finds them.
-  std::size_t total = 0;
-  for (std::size_t q = 0; q < received_.size(); ++q) {
-    const std::uint64_t size = received_[q].header.size;
-    if (q == me() || !(size & kBlockFollows)) continue;
-    const std::size_t bytes = size & ~kBlockFollows;
-    if (sizes_posted == nullptr || static_cast<std::size_t>((*sizes_posted)[q]) != bytes) total += bytes;
-  }
-  std::byte* sink = scratch(std::max<std::size_t>(total, 1));
-  std::vector<MPI_Request> drains;
+  // later call finds them; one at a time, into a buffer of the largest,
+  // freed after.
+  std::size_t largest = 0;
   for (std::size_t q = 0; q < received_.size(); ++q) {
     const std::uint64_t size = received_[q].header.size;
     if (q == me() || !(size & kBlockFollows)) continue;
     const std::size_t bytes = size & ~kBlockFollows;
     if (sizes_posted != nullptr && static_cast<std::size_t>((*sizes_posted)[q]) == bytes) continue;
-    drains.emplace_back();
-    check(MPI_Irecv(sink, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(q), block_tag(bytes, header_rounds_ - 1),
-                    comm_, &drains.back()),
+    std::shared_ptr<std::byte> sink;
+    try {
+      if (bytes > largest) sink = allocate_storage(bytes);
+    } catch (const std::bad_alloc&) {
+      // Peers wait for this rank to take their blocks: fail the group rather than leave them waiting.
+      const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not allocate " +
+                                  std::to_string(bytes) + " bytes to receive and drop rank " + std::to_string(q) +
+                                  "'s block after a mismatch; this communicator cannot be used any more";
+      abort(ErrorCode::kUnavailable, message, rank_);
+      throw UnavailableError(message);
+    }
+    if (sink) {
+      drain_ = std::move(sink);
+      largest = bytes;
+    }
+    MPI_Request drain = MPI_REQUEST_NULL;
+    check(MPI_Irecv(drain_.get(), static_cast<int>(bytes), MPI_BYTE, static_cast<int>(q),
+                    block_tag(bytes, header_rounds_ - 1), comm_, &drain),
           "MPI_Irecv", call);
-    sink += bytes;
+    wait_all(&drain, 1, 1, call);
   }
-  wait_all(drains.data(), static_cast<int>(drains.size()), static_cast<int>(drains.size()), call);
+  drain_.reset();
   throw SignatureMismatch();
 }
 
@@ -399,7 +408,7 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
     if (peer == rank_) {
       own = out + at;
     } else if (counts[q] > 0) {
-      requests.emplace_back();
+      requests.emplace_back(MPI_REQUEST_NULL);
       check(MPI_Irecv(out + at, counts[q], MPI_BYTE, peer, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
     }
     at += static_cast<std::size_t>(counts[q]);
@@ -408,7 +417,7 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
   const int receives = static_cast<int>(requests.size());
   for (int q = 0; q < size_ && bytes > 0; ++q) {
     if (q == rank_) continue;
-    requests.emplace_back();
+    requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Isend(send, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
   }
   if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
@@ -431,7 +440,7 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
     if (q == me()) {
       own = recv + at;
     } else {
-      blocks.emplace_back();
+      blocks.emplace_back(MPI_REQUEST_NULL);
       check(MPI_Irecv(recv + at, counts[q], MPI_BYTE, static_cast<int>(q),
                       block_tag(static_cast<std::size_t>(counts[q]), round), comm_, &blocks.back()),
             "MPI_Irecv", call);
@@ -443,7 +452,7 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
     post_header_round(call.signature_tag, kBlockFollows | static_cast<std::uint64_t>(bytes), nullptr, 0, call);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      blocks.emplace_back();
+      blocks.emplace_back(MPI_REQUEST_NULL);
       check(MPI_Isend(send, bytes, MPI_BYTE, q, block_tag(send_bytes, round), comm_, &blocks.back()), "MPI_Isend",
             call);
     }
@@ -563,7 +572,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   requests.reserve(2 * n);
   for (std::size_t q = 0; q < n; ++q) {
     if (q == me || my_bytes == 0) continue;
-    requests.emplace_back();
+    requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Irecv(pieces + q * static_cast<std::size_t>(my_bytes), my_bytes, MPI_BYTE, static_cast<int>(q),
                     kDataTag, comm_, &requests.back()),
           "MPI_Irecv", call);
@@ -571,7 +580,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   const int receives = static_cast<int>(requests.size());
   for (std::size_t q = 0; q < n; ++q) {
     if (q == me || slice_bytes[q] == 0) continue;
-    requests.emplace_back();
+    requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Isend(static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], MPI_BYTE,
                     static_cast<int>(q), kDataTag, comm_, &requests.back()),
           "MPI_Isend", call);
@@ -613,11 +622,18 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
       staged = allocate_storage(total);
       into = staged.get();
     }
-    if (call.signature_tag != 0 && largest <= largest_tagged_block()) {
-      posted_gather(send, mine, into, bytes, call);
-    } else {
-      check_tags(call);
-      gather_bytes(send, mine, into, bytes, call);
+    try {
+      if (call.signature_tag != 0 && largest <= largest_tagged_block()) {
+        posted_gather(send, mine, into, bytes, call);
+      } else {
+        check_tags(call);
+        gather_bytes(send, mine, into, bytes, call);
+      }
+    } catch (...) {
+      // A failed call may leave a receive that MPI could not cancel: the
+      // staging buffer outlives it, as the communicator's own buffers do.
+      if (staged && failed_.load()) new std::shared_ptr<std::byte>(std::move(staged));
+      throw;
     }
     if (outer == 1) return;
     std::size_t at = 0;
@@ -631,7 +647,8 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
   for (std::size_t o = 0; o < outer; ++o) {
     for (std::size_t q = 0; q < counts.size(); ++q) {
       const std::size_t row = counts[q] * esz;
-      if (row) std::memcpy(dst, blocks[q] + o * row, row);
+      const std::byte* src = blocks[q] + o * row;
+      if (row && src != dst) std::memcpy(dst, src, row);  // equal: one rank, in place
       dst += row;
     }
   }
@@ -649,11 +666,11 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   if (rank_ == root) {
     for (int q = 0; q < size_; ++q) {
       if (q == root) continue;
-      requests.emplace_back();
+      requests.emplace_back(MPI_REQUEST_NULL);
       check(MPI_Isend(buffer, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
     }
   } else {
-    requests.emplace_back();
+    requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Irecv(buffer, bytes, MPI_BYTE, root, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
   }
   wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);

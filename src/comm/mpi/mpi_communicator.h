@@ -193,6 +193,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> block_requests_;   // reused by posted_gather
   std::vector<MPI_Status> header_statuses_;
   std::shared_ptr<std::byte> scratch_;
+  std::shared_ptr<std::byte> drain_;  // blocks received and dropped after a mismatch
   std::size_t scratch_bytes_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm notices_ = MPI_COMM_NULL;  // failure notices only
