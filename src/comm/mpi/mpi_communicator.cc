@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -360,28 +361,24 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
   // freed after.
   std::size_t largest = 0;
   for (std::size_t q = 0; q < received_.size(); ++q) {
-    const std::uint64_t size = received_[q].header.size;
-    if (q == me() || !(size & kBlockFollows)) continue;
-    const std::size_t bytes = size & ~kBlockFollows;
-    if (sizes_posted != nullptr && static_cast<std::size_t>((*sizes_posted)[q]) == bytes) continue;
-    std::shared_ptr<std::byte> sink;
-    try {
-      if (bytes > largest) sink = allocate_storage(bytes);
-    } catch (const std::bad_alloc&) {
-      // Peers wait for this rank to take their blocks: fail the group rather than leave them waiting.
-      const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not allocate " +
-                                  std::to_string(bytes) + " bytes to receive and drop rank " + std::to_string(q) +
-                                  "'s block after a mismatch; this communicator cannot be used any more";
-      abort(ErrorCode::kUnavailable, message, rank_);
-      throw UnavailableError(message);
-    }
-    if (sink) {
-      drain_ = std::move(sink);
-      largest = bytes;
+    const std::optional<std::size_t> bytes = announced_block(q);
+    if (!bytes || (sizes_posted != nullptr && static_cast<std::size_t>((*sizes_posted)[q]) == *bytes)) continue;
+    if (*bytes > largest) {
+      try {
+        drain_ = allocate_storage(*bytes);
+      } catch (const std::bad_alloc&) {
+        // Peers wait for this rank to take their blocks: fail the group rather than leave them waiting.
+        const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not allocate " +
+                                    std::to_string(*bytes) + " bytes to receive and drop rank " +
+                                    std::to_string(q) + "'s block after a mismatch; this communicator cannot be used any more";
+        abort(ErrorCode::kUnavailable, message, rank_);
+        throw UnavailableError(message);
+      }
+      largest = *bytes;
     }
     MPI_Request drain = MPI_REQUEST_NULL;
-    check(MPI_Irecv(drain_.get(), static_cast<int>(bytes), MPI_BYTE, static_cast<int>(q),
-                    block_tag(bytes, header_rounds_ - 1), comm_, &drain),
+    check(MPI_Irecv(drain_.get(), static_cast<int>(*bytes), MPI_BYTE, static_cast<int>(q),
+                    block_tag(*bytes, header_rounds_ - 1), comm_, &drain),
           "MPI_Irecv", call);
     wait_all(&drain, 1, 1, call);
   }
@@ -467,10 +464,7 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
     std::size_t r = 0;
     for (std::size_t q = 0; q < counts.size(); ++q) {
       if (q == me()) continue;
-      const std::uint64_t size = received_[q].header.size;
-      if (!(size & kBlockFollows) || (size & ~kBlockFollows) != static_cast<std::uint64_t>(counts[q])) {
-        MPI_Cancel(&blocks[r]);
-      }
+      if (announced_block(q) != static_cast<std::size_t>(counts[q])) MPI_Cancel(&blocks[r]);
       ++r;
     }
     wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call);

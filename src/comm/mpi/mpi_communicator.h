@@ -49,6 +49,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 #include <thread>
@@ -118,6 +119,12 @@ class MpiCommunicator final : public Communicator {
   static constexpr int kFirstBlockTag = 16;
   static int block_tag(std::size_t bytes, std::uint64_t round) {
     return kFirstBlockTag + 2 * static_cast<int>(bytes) + static_cast<int>(round & 1);
+  }
+  // The size of the block that peer q's header (this round's) announced, if any.
+  std::optional<std::size_t> announced_block(std::size_t q) const {
+    const std::uint64_t size = received_[q].header.size;
+    if (q == me() || !(size & kBlockFollows)) return std::nullopt;
+    return static_cast<std::size_t>(size & ~kBlockFollows);
   }
   // The largest block with a tag of its own.
   std::size_t largest_tagged_block() const { return static_cast<std::size_t>(tag_ub_ - kFirstBlockTag - 1) / 2; }
