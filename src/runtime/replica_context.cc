@@ -457,6 +457,21 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   sig.sequence = call.sequence;
   sig.fields = {{"merge_fn and argument types", type_key}};
 
+  // Across workers, merge_fn runs once per worker and need not cross workers
+  // at all, so a worker whose replicas called another collective here would
+  // be found only at the next collective that crosses workers (or by the
+  // timeout). One tagged barrier of every replica of every worker finds it
+  // here, with the same error everywhere; the local round below then agrees.
+  if (ch.comm->size() > ch.local->size()) {
+    CollectiveCall check = call;
+    check.signature_tag = sig.tag(false);
+    try {
+      ch.comm->barrier(check);
+    } catch (const internal::SignatureMismatch&) {
+      explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, nullptr);
+    }
+  }
+
   // Round 1: every local replica arrives with its arguments and its signature's
   // hash; if the hashes differ, a second round exchanges full signatures.
   std::vector<const void*> all_args;

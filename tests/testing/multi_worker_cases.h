@@ -264,24 +264,34 @@ inline std::string error_kind(const std::function<void()>& f, std::string* messa
 inline void MismatchedCollectivesFailEverywhere(const WorkerEnv& env) {
   if (env.replicas() < 2) return;
   auto s = env.strategy();
-  std::string message;
-  const std::string kind = error_kind(
-      [&] {
-        s->run([&](ReplicaContext& ctx) {
-          const Tensor v = constant({1.f, 2.f});
-          if (ctx.replica_id_in_sync_group() == env.replicas() - 1) {
-            ctx.all_gather(v, 0);
-          } else {
-            ctx.all_reduce(ReduceOp::kSum, v);
-          }
-        });
-      },
-      &message);
-  EXPECT_EQ(kind, "FailedPreconditionError") << message;
-  EXPECT_NE(message.find("Collective mismatch"), std::string::npos) << message;
-  // The strategy is still usable: nothing was left in flight.
-  auto r = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1)); });
-  EXPECT_EQ(r.values()[0].scalar<std::int32_t>(), env.replicas());
+  // The last replica calls `odd`, every other replica `usual`. With one local
+  // replica per worker, a merge_call (local to each worker) meets a
+  // collective of another worker: it must fail there, not at a later one.
+  const std::pair<Kind, Kind> cases[] = {{Kind::kAllReduce, Kind::kAllGather},
+                                         {Kind::kMergeCall, Kind::kAllReduce},
+                                         {Kind::kAllGather, Kind::kMergeCall}};
+  for (const auto& [usual, odd] : cases) {
+    SCOPED_TRACE("the last replica calls collective " + std::to_string(static_cast<int>(odd)) +
+                 ", the others " + std::to_string(static_cast<int>(usual)));
+    std::string message;
+    const std::string kind = error_kind(
+        [&] {
+          s->run([&](ReplicaContext& ctx) {
+            call(ctx, ctx.replica_id_in_sync_group() == env.replicas() - 1 ? odd : usual, DType::kFloat32, false);
+          });
+        },
+        &message);
+    EXPECT_EQ(kind, "FailedPreconditionError") << message;
+    EXPECT_NE(message.find("Collective mismatch"), std::string::npos) << message;
+    // Found at the call itself: the message names both collectives.
+    for (const Kind k : {usual, odd}) {
+      const char* name = k == Kind::kAllReduce ? "all_reduce" : k == Kind::kAllGather ? "all_gather" : "merge_call";
+      EXPECT_NE(message.find(name), std::string::npos) << message;
+    }
+    // The strategy is still usable: nothing was left in flight.
+    auto r = s->run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(1)); });
+    EXPECT_EQ(r.values()[0].scalar<std::int32_t>(), env.replicas());
+  }
 }
 
 inline void MismatchedShapesFailEverywhere(const WorkerEnv& env) {
@@ -626,19 +636,21 @@ inline void RandomCollectivesMatchTheReference(const WorkerEnv& env) {
 // slow, at a random step of a random program of all_reduce and all_gather.
 // Every worker must raise the same documented error (these are found before
 // data moves, so the strategy stays usable, docs/errors.md §6.1), and a
-// correct step must follow. merge_call is left out: it is local to each
-// worker (as in TensorFlow), so a worker whose replica calls an all_reduce
-// where the others call merge_call is caught only at the next collective
-// across workers, possibly in the next run (docs/semantics.md §9).
+// correct step must follow. merge_call is in the programs: its merge_fn runs
+// once per worker, but the call itself is checked across workers.
 inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   auto s = env.strategy();
   for (std::uint64_t seed = 90210; seed < 90210 + 20; ++seed) {
     std::mt19937_64 gen(seed);
     std::vector<Kind> program(static_cast<std::size_t>(uniform(gen, 1, 5)));
-    for (Kind& k : program) k = static_cast<Kind>(uniform(gen, 0, 1));
+    for (Kind& k : program) k = static_cast<Kind>(uniform(gen, 0, 2));
     const int faulty = uniform(gen, 0, env.replicas() - 1);
     const auto step = static_cast<std::size_t>(uniform(gen, 0, static_cast<int>(program.size()) - 1));
     auto fault = static_cast<Fault>(uniform(gen, 2, 5));  // the faults that keep the strategy usable
+    // A merge_call has no dtype or shape to get wrong: it calls another collective instead.
+    if ((fault == Fault::kOtherDtype || fault == Fault::kOtherShape) && program[step] == Kind::kMergeCall) {
+      fault = Fault::kOtherCollective;
+    }
     if (env.replicas() == 1) fault = Fault::kSlow;  // nobody to disagree with
     SCOPED_TRACE("seed " + std::to_string(seed) + ": replica " + std::to_string(faulty) + " " +
                  kFaultNames[static_cast<int>(fault)] + " at collective " + std::to_string(step) + " of " +
@@ -651,7 +663,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
             for (std::size_t i = 0; i < program.size(); ++i) {
               if (me && i == step && fault != Fault::kSlow) {
                 if (fault == Fault::kOtherCollective) {
-                  call(ctx, static_cast<Kind>((static_cast<int>(program[i]) + 1) % 2), DType::kFloat32, false);
+                  call(ctx, static_cast<Kind>((static_cast<int>(program[i]) + 1) % 3), DType::kFloat32, false);
                 } else {
                   call(ctx, program[i], fault == Fault::kOtherDtype ? DType::kInt32 : DType::kFloat32,
                        fault == Fault::kOtherShape);
