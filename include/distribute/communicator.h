@@ -10,6 +10,11 @@
 // Contract for every method: called by every rank of the group, in the same
 // order; blocks until this rank's part is done; throws the group's abort
 // error (see abort()) or DeadlineExceededError after `call.timeout`.
+// After such a failure, a backend between processes may be left with a
+// receive that MPI could not cancel (a message already arriving in pieces):
+// if the receive buffer is tensor storage (Tensor, allocate_storage), that
+// storage is kept aside for good once freed, never reused; any other buffer
+// must stay alive as long as the process uses MPI.
 #pragma once
 
 #include <cstddef>

@@ -164,18 +164,70 @@ void give_back_block(void* p, std::size_t cls, std::uint64_t owner) {
   cache().give_back(p, cls);
 }
 
+// Ranges a transport may still write into, and the blocks kept aside for
+// them (held here, so that they stay reachable: no leak report at exit).
+struct Quarantine {
+  std::mutex mu;
+  std::vector<std::pair<const std::byte*, const std::byte*>> ranges;  // [begin, end)
+  std::vector<void*> kept;
+};
+Quarantine& quarantine() {
+  static Quarantine* instance = new Quarantine();  // never destroyed, as the cache
+  return *instance;
+}
+// Set once any range is quarantined: until then a free costs one load more.
+std::atomic<bool> any_quarantined{false};
+
+// Keeps the block [p, p + bytes) aside if it overlaps a quarantined range.
+bool kept_aside(std::byte* p, std::size_t bytes) {
+  if (!any_quarantined.load(std::memory_order_acquire)) return false;
+  Quarantine& q = quarantine();
+  std::lock_guard<std::mutex> lock(q.mu);
+  for (const auto& [begin, end] : q.ranges) {
+    if (begin < p + bytes && p < end) {
+      try {
+        q.kept.push_back(p);
+      } catch (const std::bad_alloc&) {
+        // Out of memory: the block stays aside all the same, unrecorded.
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   if (bytes < kCachedMinBytes) {
     auto* p = static_cast<std::byte*>(system_allocate(bytes));
-    return std::shared_ptr<std::byte>(p, [](std::byte* q) { system_free(q); });
+    return std::shared_ptr<std::byte>(p, [bytes](std::byte* q) {
+      if (!kept_aside(q, bytes)) system_free(q);
+    });
   }
   const std::size_t cls = size_class(bytes);
   auto* p = static_cast<std::byte*>(take_block(cls));
-  return std::shared_ptr<std::byte>(
-      p, [cls, owner = this_thread_number()](std::byte* q) { give_back_block(q, cls, owner); });
+  return std::shared_ptr<std::byte>(p, [cls, owner = this_thread_number()](std::byte* q) {
+    if (!kept_aside(q, cls)) give_back_block(q, cls, owner);
+  });
+}
+
+void quarantine_storage(const void* data, std::size_t bytes) {
+  if (data == nullptr || bytes == 0) return;
+  Quarantine& q = quarantine();
+  const auto* begin = static_cast<const std::byte*>(data);
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.ranges.emplace_back(begin, begin + bytes);
+  }
+  any_quarantined.store(true, std::memory_order_release);
+}
+
+std::size_t quarantined_blocks() {
+  Quarantine& q = quarantine();
+  std::lock_guard<std::mutex> lock(q.mu);
+  return q.kept.size();
 }
 
 // Counts the global cache only: blocks idle in thread caches are not in cached_bytes.

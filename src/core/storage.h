@@ -33,4 +33,14 @@ StorageStats storage_stats();
 // Returns every idle cached block to the system.
 void release_cached_storage();
 
+// After a failure, a transport may be left with a receive it could not
+// cancel, still able to write into [data, data + bytes) (a message between
+// hosts that arrives in pieces). Storage that overlaps the range is never
+// reused: when its last user lets it go, it is kept aside for good (a bounded
+// leak, after failures only) instead of going back to the cache or the
+// system. Other memory in the range is the caller's to keep alive.
+void quarantine_storage(const void* data, std::size_t bytes);
+// Blocks kept aside so far (for tests).
+std::size_t quarantined_blocks();
+
 }  // namespace distribute::internal

@@ -112,5 +112,41 @@ TEST(StorageTest, BlocksAllocatedElsewhereAreNotHoardedByTheFreeingThread) {
   release_cached_storage();
 }
 
+// A transport that could not cancel a receive after a failure quarantines
+// its area (MpiCommunicator::release): storage overlapping it must never be
+// handed out again, while every other block is reused as before.
+TEST(StorageTest, QuarantinedStorageIsNeverReused) {
+  const std::size_t kept_before = quarantined_blocks();
+  std::byte* hot = nullptr;
+  {
+    auto block = allocate_storage(300000);
+    // A view into the block holds it too (as the values of a pack do).
+    std::shared_ptr<std::byte> view(block, block.get() + 4096);
+    quarantine_storage(view.get() + 100, 5000);
+    hot = block.get();
+    block.reset();
+    EXPECT_EQ(quarantined_blocks(), kept_before) << "kept aside only when its last user lets go";
+  }
+  EXPECT_EQ(quarantined_blocks(), kept_before + 1);
+  auto again = allocate_storage(299000);  // the same size class: the cache would hand `hot` back
+  EXPECT_NE(again.get(), hot);
+  // A small block (not cached) is kept from the system allocator too.
+  {
+    auto small = allocate_storage(100);
+    quarantine_storage(small.get(), 1);
+  }
+  EXPECT_EQ(quarantined_blocks(), kept_before + 2);
+  // Blocks outside every quarantined range are reused as before.
+  std::byte* cold = nullptr;
+  {
+    auto c = allocate_storage(1 << 20);
+    cold = c.get();
+  }
+  auto d = allocate_storage(1 << 20);
+  EXPECT_EQ(d.get(), cold);
+  d.reset();
+  EXPECT_EQ(quarantined_blocks(), kept_before + 2);
+}
+
 }  // namespace
 }  // namespace distribute::internal

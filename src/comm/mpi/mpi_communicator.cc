@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <new>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -208,29 +209,40 @@ void MpiCommunicator::check(int mpi_result, const char* what, const CollectiveCa
 }
 
 void MpiCommunicator::wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call,
-                               MPI_Status* statuses) {
+                               ReceiveArea area, MPI_Status* statuses) {
   try {
     poll_all(requests, count, call, statuses);
   } catch (...) {
-    release(requests, count, receives);
+    release(requests, count, receives, area);
     throw;
   }
 }
 
-void MpiCommunicator::release(MPI_Request* requests, int count, int receives) noexcept {
+void MpiCommunicator::release(MPI_Request* requests, int count, int receives, ReceiveArea area) noexcept {
   // Receives still posted would write into buffers that are about to be
   // freed: cancel them (local for a receive not yet matched). One that a
   // message is already filling cannot be cancelled; it is given a moment,
-  // then left (its buffer may be the caller's). Sends are let go: MPI finishes
-  // or drops them, and only reads their buffers.
+  // then left, and its area quarantined: on a transport that moves a message
+  // in pieces (TCP between hosts) the rest may still arrive, and the area may
+  // be the caller's output tensor. Sends are let go: MPI finishes or drops
+  // them, and only reads their buffers.
   for (int i = 0; i < receives; ++i) {
     if (requests[i] != MPI_REQUEST_NULL) MPI_Cancel(&requests[i]);
   }
   const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
+  bool left = false;
   for (int i = 0; i < receives; ++i) {
     int done = 0;
     while (requests[i] != MPI_REQUEST_NULL && !done && Clock::now() < give_up) {
       MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+    }
+    left |= requests[i] != MPI_REQUEST_NULL && !done;
+  }
+  if (left && area.bytes > 0) {
+    try {
+      quarantine_storage(area.data, area.bytes);
+    } catch (const std::bad_alloc&) {
+      // Out of memory, after a failure: nothing better to do than go on.
     }
   }
   for (int i = 0; i < count; ++i) {
@@ -338,7 +350,7 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
   std::vector<MPI_Request>& requests = header_requests_;
   std::vector<MPI_Status>& statuses = header_statuses_;
   statuses.resize(requests.size());
-  wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, statuses.data());
+  wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, {}, statuses.data());
   std::size_t r = 0;
   for (std::size_t q = 0; q < received_.size(); ++q) {
     if (q == me()) continue;
@@ -380,7 +392,7 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
     check(MPI_Irecv(drain_.get(), static_cast<int>(*bytes), MPI_BYTE, static_cast<int>(q),
                     block_tag(*bytes, header_rounds_ - 1), comm_, &drain),
           "MPI_Irecv", call);
-    wait_all(&drain, 1, 1, call);
+    wait_all(&drain, 1, 1, call, {drain_.get(), *bytes});
   }
   drain_.reset();
   throw SignatureMismatch();
@@ -418,7 +430,7 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
     check(MPI_Isend(send, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
   }
   if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {out, at});
 }
 
 void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
@@ -467,14 +479,14 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
       if (announced_block(q) != static_cast<std::size_t>(counts[q])) MPI_Cancel(&blocks[r]);
       ++r;
     }
-    wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call);
+    wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at});
     throw;
   } catch (...) {
-    release(blocks.data(), static_cast<int>(blocks.size()), receives);
+    release(blocks.data(), static_cast<int>(blocks.size()), receives, {recv, at});
     throw;
   }
   if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
-  wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call);
+  wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at});
 }
 
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
@@ -579,7 +591,8 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
                     static_cast<int>(q), kDataTag, comm_, &requests.back()),
           "MPI_Isend", call);
   }
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call,
+           {pieces, static_cast<std::size_t>(my_bytes) * n});
   for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces + q * static_cast<std::size_t>(my_bytes);
   srcs[me] = static_cast<const std::byte*>(send) + slice_displs[me];  // our own slice, read in place
   auto* mine = static_cast<std::byte*>(recv) + slice_displs[me];
@@ -667,7 +680,8 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
     requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Irecv(buffer, bytes, MPI_BYTE, root, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
   }
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call);
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call,
+           {buffer, static_cast<std::size_t>(bytes)});
 }
 
 void MpiCommunicator::barrier(const CollectiveCall& call) {

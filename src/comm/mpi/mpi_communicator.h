@@ -63,6 +63,13 @@ namespace distribute::internal {
 // FailedPreconditionError if MPI gives a lower thread level.
 void ensure_mpi_initialized();
 
+// Where an MPI call's receives write: the caller's buffer, or the
+// communicator's own (MpiCommunicator::release).
+struct MpiReceiveArea {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // Works on a duplicate of `comm`, with errors returned rather than fatal.
@@ -156,14 +163,18 @@ class MpiCommunicator final : public Communicator {
   void poll(const CollectiveCall& call, Done&& done);
   // The header round with the tag alone, if the call has one.
   void check_tags(const CollectiveCall& call);
-  // Waits for all `count` requests (the first `receives` of them receives),
-  // polling for timeout, abort and other ranks' failure notices. If it throws,
-  // the requests are released first (release()).
-  void wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call,
+  using ReceiveArea = MpiReceiveArea;
+  // Waits for all `count` requests (the first `receives` of them receives,
+  // into `area`), polling for timeout, abort and other ranks' failure
+  // notices. If it throws, the requests are released first (release()).
+  void wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call, ReceiveArea area = {},
                 MPI_Status* statuses = nullptr);
   void poll_all(MPI_Request* requests, int count, const CollectiveCall& call, MPI_Status* statuses);
-  // Cancels pending receives and frees every request, after a failure.
-  static void release(MPI_Request* requests, int count, int receives) noexcept;
+  // Cancels pending receives and frees every request, after a failure. A
+  // receive that a message is already filling cannot be cancelled: if one is
+  // left, `area` is quarantined (core/storage.h), so that its storage is
+  // never reused while MPI may still write into it.
+  static void release(MPI_Request* requests, int count, int receives, ReceiveArea area) noexcept;
   // A buffer of at least `bytes`, reused from call to call.
   std::byte* scratch(std::size_t bytes);
   std::size_t me() const { return static_cast<std::size_t>(rank_); }
