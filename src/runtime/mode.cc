@@ -46,6 +46,19 @@ int current_merge_depth(const Strategy& s) {
   return stack.back().merge_depth;
 }
 
+bool share_with_paused_replicas(const Strategy& s, const MergeTask& task) {
+  const auto& stack = mode_stack();
+  if (stack.empty() || stack.back().cross_replica != &s || stack.back().merge_helpers == nullptr) return false;
+  LocalGroup& group = *stack.back().merge_helpers;
+  const CollectiveCall& rounds = *stack.back().merge_rounds;
+  // The paused replicas see the task in the first round (ReplicaContext::
+  // merge_call_impl), run their share, and arrive at the second.
+  group.arrive(0, {.send = &task}, rounds);
+  task.fn(task.ctx, 0, group.size());
+  group.arrive(0, {}, rounds);
+  return true;
+}
+
 void require_replica_context(const ReplicaContext& ctx, std::string_view api) {
   const ModeEntry mode = current_mode();
   if (mode.replica == &ctx) return;

@@ -10,13 +10,31 @@
 
 namespace distribute::internal {
 
+class LocalGroup;
+
 struct ModeEntry {
   Strategy* strategy = nullptr;       // get_strategy()
   Strategy* cross_replica = nullptr;  // set in cross-replica mode (scope, merge_fn)
   ReplicaContext* replica = nullptr;  // set in replica mode (inside run)
   int scope_count = 1;                // re-entries of the same strategy's scope
   int merge_depth = -1;               // inside a merge_fn of a run at this nesting depth
+  // Inside a merge_fn of a group of several local replicas: the group, whose
+  // other members wait paused in merge_call, and the rounds' call.
+  LocalGroup* merge_helpers = nullptr;
+  const CollectiveCall* merge_rounds = nullptr;
 };
+
+// Work that the merge_fn's thread shares with the replicas paused in its
+// merge_call: fn(ctx, member, members) runs once on every member of the
+// group (member 0: the merge_fn's thread), and returns when all are done.
+struct MergeTask {
+  void (*fn)(const void* ctx, int member, int members) = nullptr;
+  const void* ctx = nullptr;
+};
+// Runs `task` on every member if this thread is running a merge_fn of `s`
+// for a group of several local replicas (two rounds of the group); returns
+// false otherwise, and the caller does the work alone.
+bool share_with_paused_replicas(const Strategy& s, const MergeTask& task);
 
 std::vector<ModeEntry>& mode_stack();
 // The top entry, or the default mode's entry when the stack is empty.

@@ -497,7 +497,12 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   std::shared_ptr<void> result;
   if (local_id_ == 0) {
     try {
-      internal::ModeGuard mode(internal::ModeEntry{strategy_, strategy_, nullptr, 1, ch.depth});
+      internal::ModeEntry entry{strategy_, strategy_, nullptr, 1, ch.depth};
+      if (ch.local->size() > 1) {
+        entry.merge_helpers = ch.local;  // the others, paused below, can share its copies
+        entry.merge_rounds = &wait_result;
+      }
+      internal::ModeGuard mode(entry);
       internal::forget_agreed_worker_error();  // only an agreement inside this merge_fn counts
       result = body(all_args);
     } catch (...) {
@@ -525,7 +530,16 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
     return result;
   }
   try {
-    return ch.local->arrive(local_id_, {}, wait_result)[0].object;
+    // Until the result comes, run the shares of the work merge_fn hands out
+    // (internal::share_with_paused_replicas): a round with a task, then a
+    // round to say it is done.
+    for (;;) {
+      const auto& entries = ch.local->arrive(local_id_, {}, wait_result);
+      const auto* task = static_cast<const internal::MergeTask*>(entries[0].send);
+      if (task == nullptr) return entries[0].object;
+      task->fn(task->ctx, local_id_, ch.local->size());
+      ch.local->arrive(local_id_, {}, wait_result);
+    }
   } catch (const Error&) {
     // Released by replica 0's failed merge_fn: an agreed failure is agreed here too.
     if (ch.merge_failure_agreed != nullptr && ch.merge_failure_agreed->load()) ch.agreed_failure = true;

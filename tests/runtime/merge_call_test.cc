@@ -70,6 +70,62 @@ TEST(MergeCallTest, ReduceToInsideMergeFnIsAnAllReduce) {
   }
 }
 
+// broadcast_to and reduce_to inside a merge_fn share large copies (from
+// 1 MiB per destination) with the replicas paused in merge_call, split
+// evenly by bytes whatever the number of destinations. Every copy must be
+// whole when the call returns (merge_fn reads them), exact, and its own.
+TEST(MergeCallTest, LargeCopiesSharedWithPausedReplicasAreExactAndDistinct) {
+  constexpr std::int64_t kMiB = 1 << 20;
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    const std::vector<std::string>& devices = s->devices();
+    const std::vector<std::string> three = {devices[0], devices.back(), devices[0]};
+    for (const std::int64_t bytes : {kMiB - 1, kMiB, kMiB + 3, 3 * kMiB + 7}) {
+      SCOPED_TRACE(std::to_string(n) + " replicas, " + std::to_string(bytes) + " bytes");
+      Tensor source = Tensor::uninitialized(DType::kInt8, Shape{bytes});
+      auto bytes_of = source.mutable_flat<std::int8_t>();
+      for (std::int64_t i = 0; i < bytes; ++i) bytes_of[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(i % 251);
+      auto r = s->run([&](ReplicaContext& ctx) {
+        return ctx.merge_call(
+            [&](Strategy& strategy, const PerReplica<Tensor>& mine) {
+              const Mirrored<Tensor> all = strategy.extended().broadcast_to(source);
+              const Mirrored<Tensor> few = strategy.extended().broadcast_to(source, Destinations::of_devices(three));
+              const Mirrored<Tensor> one = strategy.extended().broadcast_to(source, Destinations(devices.back()));
+              const Mirrored<Tensor> sum =
+                  strategy.extended().reduce_to(ReduceOp::kSum, mine, Destinations::of_devices(devices));
+              EXPECT_EQ(all.size(), devices.size());
+              EXPECT_EQ(few.size(), 3u);
+              EXPECT_EQ(one.size(), 1u);
+              for (const auto* m : {&all, &few, &one}) {
+                for (const Tensor& t : m->values()) {
+                  EXPECT_EQ(t, source);
+                  EXPECT_NE(t.raw_data(), source.raw_data());
+                }
+              }
+              for (std::size_t k = 0; k < few.size(); ++k) EXPECT_EQ(few.values()[k].device(), three[k]);
+              // Every copy is its own: writing one changes no other.
+              few.values()[2].mutable_flat<std::int8_t>()[static_cast<std::size_t>(bytes - 1)] = 1;
+              EXPECT_EQ(few.values()[0].flat<std::int8_t>()[static_cast<std::size_t>(bytes - 1)],
+                        static_cast<std::int8_t>((bytes - 1) % 251));
+              EXPECT_EQ(source.flat<std::int8_t>()[static_cast<std::size_t>(bytes - 1)],
+                        static_cast<std::int8_t>((bytes - 1) % 251));
+              return sum;
+            },
+            source);
+      });
+      Tensor want = Tensor::uninitialized(DType::kInt8, Shape{bytes});
+      auto want_of = want.mutable_flat<std::int8_t>();
+      for (std::int64_t i = 0; i < bytes; ++i) {
+        want_of[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(static_cast<std::uint8_t>((i % 251) * n));
+      }
+      for (int k = 0; k < n; ++k) {
+        EXPECT_EQ(r[static_cast<std::size_t>(k)], want);
+        EXPECT_EQ(r[static_cast<std::size_t>(k)].device(), devices[static_cast<std::size_t>(k)]);
+      }
+    }
+  }
+}
+
 TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
   auto s = testing::mirrored(2);
   auto r = s->run([](ReplicaContext& ctx) {
