@@ -1,5 +1,6 @@
 #include "core/storage.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -175,12 +176,18 @@ Quarantine& quarantine() {
   static Quarantine* instance = new Quarantine();  // never destroyed, as the cache
   return *instance;
 }
-// Set once any range is quarantined: until then a free costs one load more.
-std::atomic<bool> any_quarantined{false};
+// The bounds of every quarantined range, so that a free outside them (every
+// free, until a failure quarantines something) costs two loads, no lock.
+constexpr std::uintptr_t kNoQuarantine = ~std::uintptr_t{0};
+std::atomic<std::uintptr_t> quarantine_low{kNoQuarantine};
+std::atomic<std::uintptr_t> quarantine_high{0};
 
 // Keeps the block [p, p + bytes) aside if it overlaps a quarantined range.
 bool kept_aside(std::byte* p, std::size_t bytes) {
-  if (!any_quarantined.load(std::memory_order_acquire)) return false;
+  const std::uintptr_t low = quarantine_low.load(std::memory_order_acquire);
+  if (low == kNoQuarantine) return false;
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  if (at + bytes <= low || at >= quarantine_high.load(std::memory_order_relaxed)) return false;
   Quarantine& q = quarantine();
   std::lock_guard<std::mutex> lock(q.mu);
   for (const auto& [begin, end] : q.ranges) {
@@ -217,11 +224,13 @@ void quarantine_storage(const void* data, std::size_t bytes) {
   if (data == nullptr || bytes == 0) return;
   Quarantine& q = quarantine();
   const auto* begin = static_cast<const std::byte*>(data);
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    q.ranges.emplace_back(begin, begin + bytes);
-  }
-  any_quarantined.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(q.mu);
+  q.ranges.emplace_back(begin, begin + bytes);
+  // The high bound first: a free that sees the new low bound sees it too.
+  const auto low = reinterpret_cast<std::uintptr_t>(begin);
+  quarantine_high.store(std::max(quarantine_high.load(std::memory_order_relaxed), low + bytes),
+                        std::memory_order_relaxed);
+  quarantine_low.store(std::min(quarantine_low.load(std::memory_order_relaxed), low), std::memory_order_release);
 }
 
 std::size_t quarantined_blocks() {

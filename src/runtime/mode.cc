@@ -46,15 +46,15 @@ int current_merge_depth(const Strategy& s) {
   return stack.back().merge_depth;
 }
 
-bool share_with_paused_replicas(const Strategy& s, const MergeTask& task) {
+bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const MergeTask>& task) {
   const auto& stack = mode_stack();
   if (stack.empty() || stack.back().cross_replica != &s || stack.back().merge_helpers == nullptr) return false;
   LocalGroup& group = *stack.back().merge_helpers;
   const CollectiveCall& rounds = *stack.back().merge_rounds;
   // The paused replicas see the task in the first round (ReplicaContext::
   // merge_call_impl), run their share, and arrive at the second.
-  group.arrive(0, {.send = &task}, rounds);
-  task.fn(task.ctx, 0, group.size());
+  group.arrive(0, {.send = &kMergeTaskMark, .object = std::const_pointer_cast<MergeTask>(task)}, rounds);
+  task->run(0, group.size());
   group.arrive(0, {}, rounds);
   return true;
 }

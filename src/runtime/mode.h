@@ -2,6 +2,7 @@
 // (TensorFlow's _get_per_thread_mode). An empty stack is the default mode.
 #pragma once
 
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -25,16 +26,23 @@ struct ModeEntry {
 };
 
 // Work that the merge_fn's thread shares with the replicas paused in its
-// merge_call: fn(ctx, member, members) runs once on every member of the
-// group (member 0: the merge_fn's thread), and returns when all are done.
-struct MergeTask {
-  void (*fn)(const void* ctx, int member, int members) = nullptr;
-  const void* ctx = nullptr;
+// merge_call: run(member, members) runs once on every member of the group
+// (member 0: the merge_fn's thread). Each member holds the task while it
+// runs its share, so whatever the task owns (the buffers it writes) outlives
+// every share, even if the group fails before all are done.
+class MergeTask {
+ public:
+  virtual ~MergeTask() = default;
+  virtual void run(int member, int members) const noexcept = 0;
 };
-// Runs `task` on every member if this thread is running a merge_fn of `s`
-// for a group of several local replicas (two rounds of the group); returns
-// false otherwise, and the caller does the work alone.
-bool share_with_paused_replicas(const Strategy& s, const MergeTask& task);
+// Runs `task` on every member, and returns when all are done, if this thread
+// is running a merge_fn of `s` for a group of several local replicas (two
+// rounds of the group); returns false otherwise, and the caller does the
+// work alone.
+bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const MergeTask>& task);
+// The round entry that carries a MergeTask in its `object` (a merge_fn's
+// result carries none).
+inline const char kMergeTaskMark = 0;
 
 std::vector<ModeEntry>& mode_stack();
 // The top entry, or the default mode's entry when the stack is empty.

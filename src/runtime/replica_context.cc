@@ -461,14 +461,20 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   // at all, so a worker whose replicas called another collective here would
   // be found only at the next collective that crosses workers (or by the
   // timeout). One tagged barrier of every replica of every worker finds it
-  // here, with the same error everywhere; the local round below then agrees.
+  // here, with the same error everywhere. It checks the call and its place
+  // in the program only: workers may run merge_fns of other types (as in
+  // TensorFlow); the local round below checks the types among this worker's
+  // replicas.
   if (ch.comm->size() > ch.local->size()) {
+    Signature across;
+    across.op = sig.op;
+    across.sequence = sig.sequence;
     CollectiveCall check = call;
-    check.signature_tag = sig.tag(false);
+    check.signature_tag = across.tag(false);
     try {
       ch.comm->barrier(check);
     } catch (const internal::SignatureMismatch&) {
-      explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, nullptr);
+      explain_mismatch(ch, across, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, nullptr);
     }
   }
 
@@ -535,9 +541,9 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
     // round to say it is done.
     for (;;) {
       const auto& entries = ch.local->arrive(local_id_, {}, wait_result);
-      const auto* task = static_cast<const internal::MergeTask*>(entries[0].send);
-      if (task == nullptr) return entries[0].object;
-      task->fn(task->ctx, local_id_, ch.local->size());
+      if (entries[0].send != &internal::kMergeTaskMark) return entries[0].object;
+      const auto task = std::static_pointer_cast<const internal::MergeTask>(entries[0].object);
+      task->run(local_id_, ch.local->size());
       ch.local->arrive(local_id_, {}, wait_result);
     }
   } catch (const Error&) {

@@ -618,21 +618,23 @@ namespace {
 constexpr std::size_t kShareCopiesBytes = std::size_t{1} << 20;
 
 // The copies of one place_on, seen as one run of bytes (every destination
-// after the other) that the members of the group split evenly.
-struct CopyJob {
-  const std::byte* source = nullptr;
-  std::size_t bytes = 0;  // per destination
-  std::vector<std::byte*> destinations;
+// after the other) that the members of the group split evenly. It holds the
+// source and the destinations, so that a member still copying never writes
+// into freed memory.
+struct CopyJob final : internal::MergeTask {
+  Tensor source;
+  std::vector<Tensor> destinations;
 
-  static void run(const void* ctx, int member, int members) {
-    const auto& job = *static_cast<const CopyJob*>(ctx);
-    const std::size_t total = job.bytes * job.destinations.size();
+  void run(int member, int members) const noexcept override {
+    const std::size_t bytes = source.nbytes();
+    const std::size_t total = bytes * destinations.size();
     std::size_t at = total * static_cast<std::size_t>(member) / static_cast<std::size_t>(members);
     const std::size_t end = total * static_cast<std::size_t>(member + 1) / static_cast<std::size_t>(members);
+    const auto* from = static_cast<const std::byte*>(source.raw_data());
     while (at < end) {
-      const std::size_t k = at / job.bytes, offset = at % job.bytes;
-      const std::size_t n = std::min(end - at, job.bytes - offset);
-      std::memcpy(job.destinations[k] + offset, job.source + offset, n);
+      const std::size_t k = at / bytes, offset = at % bytes;
+      const std::size_t n = std::min(end - at, bytes - offset);
+      std::memcpy(static_cast<std::byte*>(destinations[k].mutable_raw_data()) + offset, from + offset, n);
       at += n;
     }
   }
@@ -646,20 +648,23 @@ Mirrored<Tensor> place_on(const Strategy& strategy, const Tensor& value, const D
                           bool fresh = false) {
   std::vector<Tensor> copies;
   copies.reserve(destinations.devices().size());
-  CopyJob job{static_cast<const std::byte*>(value.raw_data()), value.nbytes(), {}};
+  if (value.nbytes() < kShareCopiesBytes) {
+    for (const auto& device : destinations.devices()) {
+      copies.push_back((fresh && copies.empty() ? value : value.clone()).with_device(device));
+    }
+    return Mirrored<Tensor>(std::move(copies));
+  }
+  auto job = std::make_shared<CopyJob>();
+  job->source = value;
   for (const auto& device : destinations.devices()) {
     if (fresh && copies.empty()) {
       copies.push_back(value.with_device(device));
     } else {
       copies.push_back(Tensor::uninitialized(value.dtype(), value.shape(), device));
-      if (job.bytes > 0) job.destinations.push_back(static_cast<std::byte*>(copies.back().mutable_raw_data()));
+      job->destinations.push_back(copies.back());
     }
   }
-  const internal::MergeTask task{&CopyJob::run, &job};
-  const bool large = job.bytes >= kShareCopiesBytes;
-  if (!job.destinations.empty() && !(large && internal::share_with_paused_replicas(strategy, task))) {
-    CopyJob::run(&job, 0, 1);
-  }
+  if (!job->destinations.empty() && !internal::share_with_paused_replicas(strategy, job)) job->run(0, 1);
   return Mirrored<Tensor>(std::move(copies));
 }
 }  // namespace

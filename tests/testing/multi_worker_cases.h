@@ -207,6 +207,23 @@ inline void MergeCallOncePerWorkerAndReduceToAcrossWorkers(const WorkerEnv& env)
     EXPECT_EQ(sum.flat<float>()[0], n * (n + 1) / 2);
     EXPECT_EQ(mean.flat<float>()[1], (n + 1) / 2);
   }
+  // Workers may run merge functions of different types (as in TensorFlow):
+  // only the call is checked across workers. A large broadcast_to in it is
+  // copied by the worker's paused replicas too.
+  const Tensor big = iota(DType::kInt32, Shape{(1 << 18) + 3}, env.worker);
+  const auto own = [&big](Strategy& strategy, const PerReplica<int>&) { return strategy.extended().broadcast_to(big); };
+  const auto other = [&big](Strategy& strategy, const PerReplica<int>& ids) {
+    EXPECT_EQ(ids.size(), static_cast<std::size_t>(strategy.num_local_replicas()));
+    return strategy.extended().broadcast_to(big);
+  };
+  const auto copies = s->run([&](ReplicaContext& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    return env.worker == 0 ? ctx.merge_call(own, id) : ctx.merge_call(other, id);
+  });
+  for (const Tensor& t : copies.values()) {
+    EXPECT_EQ(t, big);
+    EXPECT_NE(t.raw_data(), big.raw_data());
+  }
 }
 
 inline void StrategyReduceGatherAndBroadcastTo(const WorkerEnv& env) {

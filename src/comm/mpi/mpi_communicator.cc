@@ -510,12 +510,13 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
   }
   std::size_t total = 0;
   for (int s : sizes) total += static_cast<std::size_t>(s);
-  std::string all(total, '\0');
-  gather_bytes(payload.data(), payload.size(), all.data(), sizes, call);
+  // Tensor storage, not a string: a receive left after a failure quarantines it (release()).
+  const std::shared_ptr<std::byte> all = allocate_storage(total);
+  gather_bytes(payload.data(), payload.size(), all.get(), sizes, call);
   std::vector<std::string> out;
   std::size_t at = 0;
   for (int s : sizes) {
-    out.push_back(all.substr(at, static_cast<std::size_t>(s)));
+    out.emplace_back(reinterpret_cast<const char*>(all.get()) + at, static_cast<std::size_t>(s));
     at += static_cast<std::size_t>(s);
   }
   return out;
@@ -629,18 +630,13 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
       staged = allocate_storage(total);
       into = staged.get();
     }
-    try {
-      if (call.signature_tag != 0 && largest <= largest_tagged_block()) {
-        posted_gather(send, mine, into, bytes, call);
-      } else {
-        check_tags(call);
-        gather_bytes(send, mine, into, bytes, call);
-      }
-    } catch (...) {
-      // A failed call may leave a receive that MPI could not cancel: the
-      // staging buffer outlives it, as the communicator's own buffers do.
-      if (staged && failed_.load()) new std::shared_ptr<std::byte>(std::move(staged));
-      throw;
+    // (A receive that a failure leaves pending quarantines `into`, the
+    // staging buffer or the caller's output: release().)
+    if (call.signature_tag != 0 && largest <= largest_tagged_block()) {
+      posted_gather(send, mine, into, bytes, call);
+    } else {
+      check_tags(call);
+      gather_bytes(send, mine, into, bytes, call);
     }
     if (outer == 1) return;
     std::size_t at = 0;
