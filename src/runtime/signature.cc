@@ -1,7 +1,8 @@
 #include "runtime/signature.h"
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
+#include <optional>
 
 namespace distribute::internal {
 namespace {
@@ -68,6 +69,59 @@ std::string describe_values(const std::vector<std::string>& values, int first, s
          replica_list(members, first) + ": " + value;
   }
   return s;
+}
+
+// Where two structure strings (Nest::structure_string) first differ: the
+// path of the innermost container around the difference (as flatten_paths
+// writes paths) and that container's text in each. nullopt if they differ at
+// the top level. Keys are read as written ('key': ...); a key holding "': "
+// may mislead the path, never the check itself.
+struct StructureDifference {
+  std::string path, a, b;
+};
+std::optional<StructureDifference> first_structure_difference(std::string_view a, std::string_view b) {
+  struct Open {
+    std::size_t start;
+    bool dict;
+    std::string path;  // of this container
+    std::string step;  // of the child being read: ['key'] or [i]
+    std::size_t index = 0;
+  };
+  std::vector<Open> open;
+  std::size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) {
+    const char c = a[k];
+    if (c == '{' || c == '[' || c == '(') {
+      const std::string path = open.empty() ? std::string() : open.back().path + open.back().step;
+      open.push_back({k, c == '{', path, c == '{' ? std::string() : "[0]"});
+    } else if (c == '}' || c == ']' || c == ')') {
+      if (!open.empty()) open.pop_back();
+    } else if (c == ',' && !open.empty() && !open.back().dict) {
+      open.back().step = "[" + std::to_string(++open.back().index) + "]";
+    } else if (c == '\'' && !open.empty() && open.back().dict) {
+      const std::size_t end = a.find("': ", k + 1);
+      if (end == std::string_view::npos || b.compare(k, end + 3 - k, a.substr(k, end + 3 - k)) != 0) break;
+      open.back().step = "['" + std::string(a.substr(k + 1, end - k - 1)) + "']";
+      k = end + 3;
+      continue;
+    }
+    ++k;
+  }
+  if (open.size() < 2) return std::nullopt;  // at the top: the whole structures say it
+  // The container's text, from its opening bracket to the matching one.
+  const auto container = [&](std::string_view text) {
+    int depth = 0;
+    bool quoted = false;
+    for (std::size_t i = open.back().start; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c == '\'') quoted = !quoted;
+      if (quoted) continue;
+      if (c == '{' || c == '[' || c == '(') ++depth;
+      if ((c == '}' || c == ']' || c == ')') && --depth == 0) return std::string(text.substr(open.back().start, i + 1 - open.back().start));
+    }
+    return std::string(text.substr(open.back().start));
+  };
+  return StructureDifference{open.back().path, container(a), container(b)};
 }
 
 }  // namespace
@@ -218,8 +272,18 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
     }
     if (differ) {
       const std::string& name = s0.fields[f].first;
-      const std::string msg = label + ": the " + members + " passed different " + name + " (" +
-                              describe_values(values, first, member) + ").";
+      std::string msg = label + ": the " + members + " passed different " + name + " (" +
+                        describe_values(values, first, member) + ").";
+      if (name == "structure") {
+        const auto m = static_cast<std::size_t>(
+            std::find_if(values.begin(), values.end(), [&](const std::string& v) { return v != values[0]; }) -
+            values.begin());
+        if (const auto d = first_structure_difference(values[0], values[m])) {
+          msg += " They first differ in value" + d->path + ": " + std::string(member) + " " + std::to_string(first) +
+                 " has " + d->a + ", " + std::string(member) + " " + std::to_string(first + static_cast<int>(m)) +
+                 " has " + d->b + ".";
+        }
+      }
       if (name == "merge_fn and argument types") throw FailedPreconditionError(msg);
       throw InvalidArgumentError(msg);
     }

@@ -193,6 +193,27 @@ TEST(FailureTest, DifferentStructures) {
       "InvalidArgumentError", "different structure (replica 0: {'a': *}; replica 1: {'b': *})");
 }
 
+// In a large nest, the message also says where the structures first differ.
+TEST(FailureTest, DifferentNestedStructuresNameTheFirstDifference) {
+  using N = Nest<Tensor>;
+  expect_collective_error(
+      3,
+      [](ReplicaContext& ctx) {
+        const bool odd = ctx.replica_id_in_sync_group() == 2;
+        N inner = odd ? N::dict({{"y", constant(1)}}) : N::dict({{"x", constant(1)}});
+        ctx.all_reduce(ReduceOp::kSum, N::dict({{"a", N::list({N(constant(1)), inner})}, {"b", N(constant(1))}}));
+      },
+      "InvalidArgumentError", "They first differ in value['a'][1]: replica 0 has {'x': *}, replica 2 has {'y': *}.");
+  expect_collective_error(
+      2,
+      [](ReplicaContext& ctx) {
+        const Tensor row = fill(DType::kInt32, Shape{1}, 1);
+        std::vector<N> items(static_cast<std::size_t>(2 + ctx.replica_id_in_sync_group()), N(row));
+        ctx.all_gather(N::dict({{"a", N(row)}, {"b", N::tuple(std::move(items))}}), 0);
+      },
+      "InvalidArgumentError", "They first differ in value['b']: replica 0 has (*, *), replica 1 has (*, *, *).");
+}
+
 TEST(FailureTest, DifferentReduceOps) {
   expect_collective_error(
       2,
