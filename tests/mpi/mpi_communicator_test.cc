@@ -6,6 +6,7 @@
 
 #include "testing/reduce_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -45,7 +46,11 @@ TEST_P(MpiAllReduceTest, MatchesReferenceOnEveryRank) {
         for (std::size_t i = 0; i < count; ++i) p[i] = to_dtype<T>(input_value(dtype, comm.rank(), i));
       });
       void* out = in_place ? static_cast<void*>(send.data()) : recv.data();
-      comm.all_reduce(send.data(), out, count, dtype, op, call("all_reduce"));
+      // Out of place with a tag (compared alongside the data, posted_gather
+      // above 64 KiB), in place without one (no header round above 64 KiB).
+      CollectiveCall c = call("all_reduce");
+      c.signature_tag = in_place ? 0 : 0x2468;
+      comm.all_reduce(send.data(), out, count, dtype, op, c);
       visit_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
         const T* p = reinterpret_cast<const T*>(out);
@@ -341,6 +346,57 @@ TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
   after.signature_tag = 0x1234;
   comm.all_reduce(&in, &out, 1, DType::kFloat32, ReduceOp::kSum, after);
   EXPECT_EQ(out, static_cast<float>(n));
+}
+
+// A tagged all-reduce of 64 KiB to 1 MiB per rank sends its input alongside
+// the header round (every rank gathers every input). A peer with another tag,
+// another count or in another call makes every rank throw SignatureMismatch,
+// the output untouched, and nothing is left in flight.
+TEST(MpiCommunicatorTest, MidSizeAllReduceMismatchesFailCleanly) {
+  MpiCommunicator comm;
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks: one disagrees with the others";
+  const int n = comm.size();
+  const bool odd_one = comm.rank() == n - 1;
+  const std::size_t count = 50000;  // floats: 200 KB per rank
+  std::vector<float> send(2 * count, 1.0f), recv(2 * count, -1.0f);
+  for (int kind = 0; kind < 4; ++kind) {
+    SCOPED_TRACE("the last rank's call: " + std::to_string(kind));
+    CollectiveCall c = call("all_reduce", 10 + static_cast<std::uint64_t>(kind));
+    c.signature_tag = 0x5678;
+    std::fill(recv.begin(), recv.end(), -1.0f);
+    if (odd_one && kind == 0) {
+      c.signature_tag = 0x9998;  // the same count, another tag: its input arrives, and is not used
+      EXPECT_THROW(comm.all_reduce(send.data(), recv.data(), count, DType::kFloat32, ReduceOp::kSum, c),
+                   SignatureMismatch);
+    } else if (odd_one && kind == 1) {
+      c.signature_tag = 0x999a;  // twice the count (the shapes are in the tag)
+      EXPECT_THROW(comm.all_reduce(send.data(), recv.data(), 2 * count, DType::kFloat32, ReduceOp::kSum, c),
+                   SignatureMismatch);
+    } else if (odd_one && kind == 2) {
+      c.op = "all_gather";  // a large all-gather, its block posted alongside too
+      c.signature_tag = 0x1234;
+      const std::vector<std::size_t> counts(static_cast<std::size_t>(n), count / 4);
+      std::vector<float> gathered(count / 4 * static_cast<std::size_t>(n));
+      EXPECT_THROW(comm.all_gather_v(send.data(), gathered.data(), counts, 1, DType::kFloat32, c), SignatureMismatch);
+    } else if (odd_one && kind == 3) {
+      c.op = "broadcast";  // the header round, then data
+      c.signature_tag = 0x1234;
+      EXPECT_THROW(comm.broadcast(send.data(), count, DType::kFloat32, 0, c), SignatureMismatch);
+    } else {
+      EXPECT_THROW(comm.all_reduce(send.data(), recv.data(), count, DType::kFloat32, ReduceOp::kSum, c),
+                   SignatureMismatch);
+    }
+    if (!odd_one || kind < 2) {
+      EXPECT_EQ(std::count(recv.begin(), recv.end(), -1.0f), static_cast<std::ptrdiff_t>(recv.size()))
+          << "the output was written";
+    }
+    // Then a matching one goes through on every rank.
+    CollectiveCall good = call("all_reduce", 20 + static_cast<std::uint64_t>(kind));
+    good.signature_tag = 0x4322;
+    comm.all_reduce(send.data(), recv.data(), count, DType::kFloat32, ReduceOp::kSum, good);
+    EXPECT_EQ(recv[0], static_cast<float>(n));
+    EXPECT_EQ(recv[count - 1], static_cast<float>(n));
+  }
 }
 
 // Whether a late rank can still finish the collective that a failed rank had

@@ -404,7 +404,7 @@ void MpiCommunicator::check_tags(const CollectiveCall& call) {
 }
 
 void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, void* recv,
-                                   const std::vector<int>& counts, const CollectiveCall& call) {
+                                   const std::vector<int>& counts, const CollectiveCall& call, bool place_own) {
   // Point to point: every rank sends its block to every other (messages
   // between two ranks are matched in order, so one tag serves every call).
   auto* out = static_cast<std::byte*>(recv);
@@ -429,12 +429,12 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
     requests.emplace_back(MPI_REQUEST_NULL);
     check(MPI_Isend(send, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
   }
-  if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
+  if (place_own && own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
   wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {out, at});
 }
 
 void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
-                                    const std::vector<int>& counts, const CollectiveCall& call) {
+                                    const std::vector<int>& counts, const CollectiveCall& call, bool place_own) {
   const int bytes = to_int(send_bytes, call);
   std::vector<MPI_Request>& blocks = block_requests_;
   blocks.clear();
@@ -485,7 +485,7 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
     release(blocks.data(), static_cast<int>(blocks.size()), receives, {recv, at});
     throw;
   }
-  if (own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
+  if (place_own && own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
   wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at});
 }
 
@@ -539,8 +539,8 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
     if (bytes) reduce_sources(recv, srcs, count, dtype, op, divisor);
     return;
   }
-  check_tags(call);
   if (size_ == 1) {
+    check_tags(call);
     const void* srcs[1] = {send};
     if (op == ReduceOp::kMean && divisor > 1) {
       reduce_sources(recv, srcs, count, dtype, op, divisor);
@@ -549,13 +549,20 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
     }
     return;
   }
-  if (bytes == 0) return;
   std::vector<const void*> srcs(n);
   if (bytes * (n - 1) <= kGatherAllBytes) {
     // Latency: every rank receives every input and reduces them all in rank
-    // order (the same bits everywhere): one round, as recursive doubling for 2.
+    // order (the same bits everywhere): one round, as recursive doubling for 2,
+    // the tags compared alongside (posted_gather). The own input is read where
+    // it is, not copied into place.
     std::byte* all = scratch(bytes * n);
-    gather_bytes(send, bytes, all, std::vector<int>(n, static_cast<int>(bytes)), call);
+    const std::vector<int> counts(n, to_int(bytes, call));
+    if (call.signature_tag != 0 && bytes <= largest_tagged_block()) {
+      posted_gather(send, bytes, all, counts, call, /*place_own=*/false);
+    } else {
+      check_tags(call);
+      gather_bytes(send, bytes, all, counts, call, /*place_own=*/false);
+    }
     for (std::size_t q = 0; q < n; ++q) srcs[q] = all + q * bytes;
     srcs[me()] = send;
     reduce_sources(recv, srcs, count, dtype, op, divisor);
@@ -563,6 +570,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   }
   // Bandwidth: rank r receives slice r of every input, reduces it in rank
   // order, and the reduced slices are all-gathered into place.
+  check_tags(call);
   std::vector<int> slice_bytes(n), slice_displs(n);
   for (std::size_t q = 0; q < n; ++q) {
     const std::size_t begin = count * q / n, end = count * (q + 1) / n;

@@ -154,9 +154,11 @@ class MpiCommunicator final : public Communicator {
   // follows its header at once. On a mismatch every block sent is received
   // (into place if its size is the one expected, else dropped) and every
   // receive left unmatched is cancelled, so nothing is left in flight;
-  // `recv`'s blocks of other ranks then hold whatever arrived.
+  // `recv`'s blocks of other ranks then hold whatever arrived. Without
+  // `place_own`, this rank's own block of `recv` is left as it is (a caller
+  // that reads its input where it is).
   void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv, const std::vector<int>& counts,
-                     const CollectiveCall& call);
+                     const CollectiveCall& call, bool place_own = true);
   // Polls `done()` until it returns true, watching the timeout, abort and
   // other ranks' failure notices in between.
   template <class Done>
@@ -180,9 +182,9 @@ class MpiCommunicator final : public Communicator {
   std::size_t me() const { return static_cast<std::size_t>(rank_); }
   void check(int mpi_result, const char* what, const CollectiveCall& call);
   void throw_if_failed();
-  // all_gather_v of bytes, outer == 1.
+  // all_gather_v of bytes, outer == 1 (`place_own`: as posted_gather's).
   void gather_bytes(const void* send, std::size_t send_bytes, void* recv, const std::vector<int>& counts,
-                    const CollectiveCall& call);
+                    const CollectiveCall& call, bool place_own = true);
 
   // The right to call MPI, held for a whole operation.
   class Token {
