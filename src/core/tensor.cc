@@ -310,6 +310,7 @@ Tensor concat(std::span<const Tensor> tensors, int axis) {
   for (int d = axis + 1; d < rank; ++d) inner *= dims[static_cast<std::size_t>(d)];
   const std::size_t esz = size_of(first.dtype());
   auto* dst = static_cast<std::byte*>(out.mutable_raw_data());
+  if (out.num_elements() == 0) return out;  // any number of empty rows, as (2^62, 0), without walking them
   for (std::int64_t o = 0; o < outer; ++o) {
     for (const Tensor& t : tensors) {
       const std::size_t block = static_cast<std::size_t>(t.shape()[axis] * inner) * esz;

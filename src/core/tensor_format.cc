@@ -376,9 +376,18 @@ void list_text(const Tensor& t, int axis, std::int64_t offset, std::string& out)
   }
   std::int64_t stride = 1;
   for (int d = axis + 1; d < t.rank(); ++d) stride *= t.shape()[d];
+  // Python lists every empty row; past numpy's summary threshold (as for
+  // shape (2^62, 0)) the rows between the first and last three are "...".
+  const std::int64_t n = t.shape()[axis];
+  const bool summarize = t.num_elements() == 0 && n > kSummaryThreshold;
   out += "[";
-  for (std::int64_t i = 0; i < t.shape()[axis]; ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
     if (i) out += ", ";
+    if (summarize && i == kEdgeItems) {
+      out += "...";
+      i = n - kEdgeItems - 1;
+      continue;
+    }
     list_text(t, axis + 1, offset + i * stride, out);
   }
   out += "]";

@@ -309,6 +309,21 @@ TEST(GatherLargeTest, BeyondInlineAndStreaming) {
   }
 }
 
+// Every row empty, however many rows (the 2^62 of shape (2^62, 0)): the
+// gather returns at once instead of walking them.
+TEST(GatherLargeTest, ManyEmptyRowsReturnAtOnce) {
+  const int n = 2;
+  auto group = std::make_shared<LocalGroup>(n);
+  const std::vector<std::size_t> counts(n, 0);
+  auto errors = run_threads(n, [&](int r) {
+    SharedMemoryCommunicator comm(group, r);
+    std::int32_t send = 0, recv = -1;
+    comm.all_gather_v(&send, &recv, counts, std::size_t{1} << 62, DType::kInt32, call("all_gather"));
+    EXPECT_EQ(recv, -1);
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+}
+
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
   // 100 doubles: inline path; 10000: two rounds; past kStreamBytes: streaming stores.
   const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(double) + 3;

@@ -218,6 +218,20 @@ TEST(MpiCommunicatorTest, LargeExchangeAndAllGatherTakeASecondRound) {
   for (std::size_t outer : {std::size_t{1}, std::size_t{2}}) expect_all_gather_v(comm, counts, outer, gather);
 }
 
+// Every row empty, however many rows (the 2^62 of shape (2^62, 0)): the
+// gather returns at once instead of walking them, tagged or not.
+TEST(MpiCommunicatorTest, ManyEmptyRowsReturnAtOnce) {
+  MpiCommunicator comm;
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), 0);
+  for (std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{0x2468}}) {
+    CollectiveCall c = call("all_gather");
+    c.signature_tag = tag;
+    std::int32_t send = 0, recv = -1;
+    comm.all_gather_v(&send, &recv, counts, std::size_t{1} << 62, DType::kInt32, c);
+    EXPECT_EQ(recv, -1);
+  }
+}
+
 TEST(MpiCommunicatorTest, ResultsAreBitIdenticalAcrossRanks) {
   MpiCommunicator comm;
   std::vector<float> x(100000);

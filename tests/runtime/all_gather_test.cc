@@ -226,5 +226,28 @@ TEST(AllGatherTest, NestOfManyValuesAndEmptyParts) {
   }
 }
 
+// An empty value with very many rows before the axis, shape (2^62, 0):
+// nothing moves, and nothing loops over its rows (every layer used to copy
+// each row's zero bytes, 2^62 times).
+TEST(AllGatherTest, EmptyValueWithVeryManyRowsReturnsAtOnce) {
+  const std::int64_t rows = std::int64_t{1} << 62;
+  const Tensor empty = fill(DType::kFloat32, Shape{rows, 0}, 0);
+  auto s = testing::mirrored(3);
+  auto r = s->run([&](ReplicaContext& ctx) {
+    Tensor one = ctx.all_gather(empty, 1);
+    Nest<Tensor> nest = ctx.all_gather(N::list({N(empty), N(fill(DType::kInt32, Shape{0, rows, 0}, 0))}), -1);
+    return N::list({N(one), nest});
+  });
+  for (const auto& local : r.values()) {
+    EXPECT_EQ(local[0].leaf().shape(), (Shape{rows, 0}));
+    EXPECT_EQ(local[1][0].leaf().shape(), (Shape{rows, 0}));
+    EXPECT_EQ(local[1][1].leaf().shape(), (Shape{0, rows, 0}));
+  }
+  EXPECT_EQ(s->gather(PerReplica<Tensor>({empty, empty, empty}), 1).shape(), (Shape{rows, 0}));
+  EXPECT_EQ(concat({empty, empty}, 1).shape(), (Shape{rows, 0}));
+  EXPECT_EQ(empty.to_list_string(), "[[], [], [], ..., [], [], []]");
+  EXPECT_EQ(fill(DType::kFloat32, Shape{2, 0}, 0).to_list_string(), "[[], []]");
+}
+
 }  // namespace
 }  // namespace distribute

@@ -653,9 +653,10 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
       at += static_cast<std::size_t>(bytes[q]);
     }
   }
-  // Laid out row by row: row o is every rank's row o, in rank order.
+  // Laid out row by row: row o is every rank's row o, in rank order (empty
+  // rows, however many, need no loop).
   auto* dst = static_cast<std::byte*>(recv);
-  for (std::size_t o = 0; o < outer; ++o) {
+  for (std::size_t o = 0; o < (total == 0 ? 0 : outer); ++o) {
     for (std::size_t q = 0; q < counts.size(); ++q) {
       const std::size_t row = counts[q] * esz;
       const std::byte* src = blocks[q] + o * row;

@@ -227,7 +227,8 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
   const auto& entries = group_->arrive(rank_, {.send = published, .recv = recv, .tag = call.signature_tag}, call);
   const bool streaming = total >= kStreamBytes;
   auto* dst = static_cast<std::byte*>(recv);
-  for (std::size_t o = 0; o < outer; ++o) {
+  const std::size_t rows = total == 0 ? 0 : outer;  // empty rows, however many, need no loop
+  for (std::size_t o = 0; o < rows; ++o) {
     for (int q = 0; q < n; ++q) {
       const std::size_t bytes = counts[static_cast<std::size_t>(q)] * esz;
       if (bytes == 0) continue;
