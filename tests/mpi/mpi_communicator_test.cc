@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <tuple>
@@ -28,39 +29,40 @@ using distribute::testing::input_value;
 using distribute::testing::same_bits;
 using distribute::testing::to_dtype;
 
+// All-reduces `count` elements of rank r's x_r and checks every element
+// against the reference: out of place with a tag (compared alongside the
+// data), in place without one (no header round above 64 KiB).
+void expect_all_reduce(MpiCommunicator& comm, DType dtype, ReduceOp op, std::size_t count, bool in_place) {
+  const std::size_t esz = size_of(dtype);
+  std::vector<std::byte> send(count * esz + 1), recv(count * esz + 1);
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* p = reinterpret_cast<T*>(send.data());
+    for (std::size_t i = 0; i < count; ++i) p[i] = to_dtype<T>(input_value(dtype, comm.rank(), i));
+  });
+  void* out = in_place ? static_cast<void*>(send.data()) : recv.data();
+  CollectiveCall c = call("all_reduce");
+  c.signature_tag = in_place ? 0 : 0x2468;
+  comm.all_reduce(send.data(), out, count, dtype, op, c);
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = reinterpret_cast<const T*>(out);
+    for (std::size_t i = 0; i < count; ++i) {
+      ASSERT_TRUE(same_bits(p[i], expected_value<T>(op, comm.size(), i, dtype)))
+          << "rank " << comm.rank() << " element " << i << " count " << count << " in_place " << in_place;
+    }
+  });
+}
+
 class MpiAllReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp>> {};
 
 TEST_P(MpiAllReduceTest, MatchesReferenceOnEveryRank) {
   const auto [dtype, op] = GetParam();
   MpiCommunicator comm;
-  const int n = comm.size();
   // Counts straddle the header-round path (64 KiB) for the wider dtypes; the
   // scatter path (over 1 MiB received) is in LargeAllReduceScattersSlices.
   for (std::size_t count : {0u, 1u, 7u, 1000u, 4097u, 65537u}) {
-    for (bool in_place : {false, true}) {
-      const std::size_t esz = size_of(dtype);
-      std::vector<std::byte> send(count * esz + 1), recv(count * esz + 1);
-      visit_dtype(dtype, [&](auto tag) {
-        using T = decltype(tag);
-        auto* p = reinterpret_cast<T*>(send.data());
-        for (std::size_t i = 0; i < count; ++i) p[i] = to_dtype<T>(input_value(dtype, comm.rank(), i));
-      });
-      void* out = in_place ? static_cast<void*>(send.data()) : recv.data();
-      // Out of place with a tag (compared alongside the data, posted_gather
-      // above 64 KiB), in place without one (no header round above 64 KiB).
-      CollectiveCall c = call("all_reduce");
-      c.signature_tag = in_place ? 0 : 0x2468;
-      comm.all_reduce(send.data(), out, count, dtype, op, c);
-      visit_dtype(dtype, [&](auto tag) {
-        using T = decltype(tag);
-        const T* p = reinterpret_cast<const T*>(out);
-        for (std::size_t i = 0; i < count; ++i) {
-          const T want = expected_value<T>(op, n, i, dtype);
-          ASSERT_TRUE(same_bits(p[i], want))
-              << "rank " << comm.rank() << " element " << i << " count " << count << " in_place " << in_place;
-        }
-      });
-    }
+    for (bool in_place : {false, true}) expect_all_reduce(comm, dtype, op, count, in_place);
   }
 }
 
@@ -95,6 +97,29 @@ TEST(MpiCommunicatorTest, LargeAllReduceScattersSlices) {
             << "rank " << comm.rank() << " element " << i << " of " << count << " " << to_string(dtype);
       }
     });
+  }
+}
+
+// ctest runs every rank on one host: there, all-reduces above 64 KiB go
+// through memory the ranks share, unless DISTRIBUTE_MPI_SHARED_MEMORY=0 (the
+// suite runs both ways, so MPI's own path, the one between hosts, stays
+// tested).
+TEST(MpiCommunicatorTest, RanksOnOneHostShareMemoryUnlessTurnedOff) {
+  MpiCommunicator comm;
+  const char* setting = std::getenv("DISTRIBUTE_MPI_SHARED_MEMORY");
+  const bool off = setting != nullptr && std::string(setting) == "0";
+  EXPECT_EQ(comm.uses_node_shared_memory(), comm.size() > 1 && !off);
+}
+
+// Several chunks of the shared buffers (and a part of one), in place and
+// not, tagged and not: every element against the reference.
+TEST(MpiCommunicatorTest, AllReduceAcrossSeveralChunks) {
+  MpiCommunicator comm;
+  for (auto [dtype, op] : {std::pair{DType::kFloat32, ReduceOp::kSum}, std::pair{DType::kInt32, ReduceOp::kMax},
+                           std::pair{DType::kFloat16, ReduceOp::kMean}, std::pair{DType::kFloat64, ReduceOp::kMin}}) {
+    SCOPED_TRACE(std::string(to_string(dtype)));
+    const std::size_t count = 3 * NodeSharedMemory::kChunkBytes / size_of(dtype) + 7;
+    for (bool in_place : {false, true}) expect_all_reduce(comm, dtype, op, count, in_place);
   }
 }
 
@@ -433,21 +458,41 @@ void expect_notice_on_late_rank(MpiCommunicator& comm, std::uint64_t started, Er
   }
 }
 
-TEST(MpiCommunicatorTest, LateRankMakesTheOthersTimeOutAndHearsOfIt) {
-  MpiCommunicator comm;  // its own communicator: it is unusable after a timeout
+// Rank 0 alone calls `first` (`op` #7, a 0.2 s timeout) on a communicator
+// of its own (unusable after a timeout); the others come 800 ms late, and
+// hear of rank 0's timeout.
+template <class First>
+void expect_late_ranks_hear_of_the_timeout(const std::string& op, First&& first) {
+  MpiCommunicator comm;
   if (comm.size() < 2) GTEST_SKIP() << "needs two ranks: one disagrees with the others";
   if (comm.rank() == 0) {
     try {
-      comm.barrier(call("barrier", 7, 0.2));
+      first(comm, call(op, 7, 0.2));
       FAIL() << "expected DeadlineExceededError";
     } catch (const DeadlineExceededError& e) {
-      EXPECT_NE(std::string(e.what()).find("barrier #7 timed out after 0.2 s"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(op + " #7 timed out after 0.2 s"), std::string::npos) << e.what();
     }
     EXPECT_THROW(comm.barrier(call("barrier", 8)), DeadlineExceededError);  // broken for good
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    expect_notice_on_late_rank(comm, 7, ErrorCode::kDeadlineExceeded, "barrier #7 timed out");
+    expect_notice_on_late_rank(comm, 7, ErrorCode::kDeadlineExceeded, op + " #7 timed out");
   }
+}
+
+TEST(MpiCommunicatorTest, LateRankMakesTheOthersTimeOutAndHearsOfIt) {
+  expect_late_ranks_hear_of_the_timeout("barrier", [](MpiCommunicator& comm, const CollectiveCall& c) {
+    comm.barrier(c);
+  });
+}
+
+// An untagged large all-reduce has no header round: rank 0 waits for the
+// others in its data steps (in shared memory on one host), and times out
+// there just the same.
+TEST(MpiCommunicatorTest, LateRankInALargeAllReduceMakesTheOthersTimeOut) {
+  expect_late_ranks_hear_of_the_timeout("all_reduce", [](MpiCommunicator& comm, const CollectiveCall& c) {
+    std::vector<float> big(std::size_t{1} << 18, 1.0f);  // 1 MiB
+    comm.all_reduce(big.data(), big.data(), big.size(), DType::kFloat32, ReduceOp::kSum, c);
+  });
 }
 
 TEST(MpiCommunicatorTest, AbortReleasesAWaitingRankAndReachesTheOthers) {

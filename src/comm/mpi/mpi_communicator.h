@@ -9,6 +9,9 @@
 // docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces:
 //   small (<= 64 KiB): the inputs ride in the header round (below), and
 //          every rank reduces all of them locally;
+//   every rank on one host, up to 4 MiB: after the header round, through
+//          memory that all ranks map (NodeSharedMemory): rank r reduces
+//          slice r of every input there, and every rank copies the slices out;
 //   medium (<= 1 MiB received per rank): every rank sends its input to every
 //          other and reduces all of them (one round);
 //   large: all-to-all of slices (rank r receives slice r of every input),
@@ -54,6 +57,7 @@
 #include <vector>
 #include <thread>
 
+#include "comm/mpi/node_shared_memory.h"
 #include "distribute/communicator.h"
 
 namespace distribute::internal {
@@ -81,6 +85,9 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend_name() const override { return "mpi"; }
+  // Whether all-reduces of 64 KiB to 4 MiB move through memory that all ranks map
+  // (every rank on one host, and DISTRIBUTE_MPI_SHARED_MEMORY not "0").
+  bool uses_node_shared_memory() const { return shared_ != nullptr; }
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -182,6 +189,16 @@ class MpiCommunicator final : public Communicator {
   std::size_t me() const { return static_cast<std::size_t>(rank_); }
   void check(int mpi_result, const char* what, const CollectiveCall& call);
   void throw_if_failed();
+  // all_reduce through node shared memory (shared_), after the tags agree:
+  // chunk by chunk, two steps of every rank per chunk. A chunk's writes into
+  // the shared buffers come after every rank has finished reading them for
+  // the chunk before: the input buffer after the step that ends the
+  // reductions, the output buffer after the next chunk's (or call's) first
+  // step, which every rank takes only once it has copied out.
+  void shared_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                         std::int64_t divisor, const CollectiveCall& call);
+  // This rank has finished a step; waits until every rank has.
+  void shared_step(const CollectiveCall& call);
   // all_gather_v of bytes, outer == 1 (`place_own`: as posted_gather's).
   void gather_bytes(const void* send, std::size_t send_bytes, void* recv, const std::vector<int>& counts,
                     const CollectiveCall& call, bool place_own = true);
@@ -212,6 +229,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> header_requests_;  // reused: the header round is every small call's path
   std::vector<MPI_Request> block_requests_;   // reused by posted_gather
   std::vector<MPI_Status> header_statuses_;
+  std::unique_ptr<NodeSharedMemory> shared_;  // null: every rank not on one host, or turned off
   std::shared_ptr<std::byte> scratch_;
   std::shared_ptr<std::byte> drain_;  // blocks received and dropped after a mismatch
   std::size_t scratch_bytes_ = 0;
