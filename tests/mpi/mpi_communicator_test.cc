@@ -388,7 +388,8 @@ TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
 }
 
 // A tagged all-reduce of 64 KiB to 1 MiB per rank sends its input alongside
-// the header round (every rank gathers every input). A peer with another tag,
+// the header round (every rank gathers every input; on one host, unless
+// turned off, it compares the tags first and goes through shared memory). A peer with another tag,
 // another count or in another call makes every rank throw SignatureMismatch,
 // the output untouched, and nothing is left in flight.
 TEST(MpiCommunicatorTest, MidSizeAllReduceMismatchesFailCleanly) {
@@ -414,8 +415,8 @@ TEST(MpiCommunicatorTest, MidSizeAllReduceMismatchesFailCleanly) {
     } else if (odd_one && kind == 2) {
       c.op = "all_gather";  // a large all-gather, its block posted alongside too
       c.signature_tag = 0x1234;
-      const std::vector<std::size_t> counts(static_cast<std::size_t>(n), count / 4);
-      std::vector<float> gathered(count / 4 * static_cast<std::size_t>(n));
+      const std::vector<std::size_t> counts(static_cast<std::size_t>(n), count);
+      std::vector<float> gathered(count * static_cast<std::size_t>(n));
       EXPECT_THROW(comm.all_gather_v(send.data(), gathered.data(), counts, 1, DType::kFloat32, c), SignatureMismatch);
     } else if (odd_one && kind == 3) {
       c.op = "broadcast";  // the header round, then data
@@ -488,11 +489,60 @@ TEST(MpiCommunicatorTest, LateRankMakesTheOthersTimeOutAndHearsOfIt) {
 // An untagged large all-reduce has no header round: rank 0 waits for the
 // others in its data steps (in shared memory on one host), and times out
 // there just the same.
-TEST(MpiCommunicatorTest, LateRankInALargeAllReduceMakesTheOthersTimeOut) {
+TEST(MpiCommunicatorTest, LateRanksMakeALargeAllReduceTimeOut) {
   expect_late_ranks_hear_of_the_timeout("all_reduce", [](MpiCommunicator& comm, const CollectiveCall& c) {
     std::vector<float> big(std::size_t{1} << 18, 1.0f);  // 1 MiB
     comm.all_reduce(big.data(), big.data(), big.size(), DType::kFloat32, ReduceOp::kSum, c);
   });
+}
+
+// Inside the data steps of an untagged large all-reduce (in shared memory on
+// one host): rank 0's abort from another thread releases it, and its notice
+// releases the ranks that then wait for it there.
+TEST(MpiCommunicatorTest, AbortReleasesRanksWaitingInALargeAllReduce) {
+  MpiCommunicator comm;
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<float> big(std::size_t{1} << 18, 1.0f);  // 1 MiB
+  const auto all_reduce = [&] {
+    comm.all_reduce(big.data(), big.data(), big.size(), DType::kFloat32, ReduceOp::kSum, call("all_reduce", 1, 0));
+  };
+  if (comm.rank() == 0) {
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      comm.abort(ErrorCode::kAborted, "replica 3 failed", 3);
+    });
+    EXPECT_THROW(all_reduce(), AbortedError);
+    stopper.join();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    try {
+      all_reduce();
+      ADD_FAILURE() << "rank " << comm.rank() << " finished an all-reduce that rank 0 left";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Worker 0 failed: replica 3 failed"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Untagged calls have no header round to compare them; through shared memory
+// the ranks still compare sizes, dtypes and ops before reading each other's
+// buffers, and all fail with the same InvalidArgumentError.
+TEST(MpiCommunicatorTest, UntaggedAllReducesOfDifferentSizesFailInSharedMemory) {
+  MpiCommunicator comm;
+  if (!comm.uses_node_shared_memory()) GTEST_SKIP() << "MPI's path does not compare untagged calls";
+  const bool odd_one = comm.rank() == comm.size() - 1;
+  const std::size_t count = odd_one ? 200000 : 100000;  // floats: 800 KB against 400 KB
+  std::vector<float> data(count, 1.0f);
+  try {
+    comm.all_reduce(data.data(), data.data(), count, DType::kFloat32, ReduceOp::kSum, call("all_reduce", 5));
+    ADD_FAILURE() << "rank " << comm.rank() << " all-reduced across different sizes";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce #5: rank "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("800000 bytes of float32 (SUM)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("400000 bytes of float32 (SUM)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comm.barrier(call("barrier", 6)), InvalidArgumentError);  // broken for good
 }
 
 TEST(MpiCommunicatorTest, AbortReleasesAWaitingRankAndReachesTheOthers) {

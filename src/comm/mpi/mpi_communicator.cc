@@ -102,9 +102,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub), "MPI_Comm_get_attr", setup);
   if (has_tag_ub && tag_ub != nullptr) tag_ub_ = *tag_ub;
   check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
-  // The same answer on every rank: the variable is the launcher's to pass on.
+  // Shared memory only if every rank wants it: a launcher that passes the
+  // switch to some ranks only (across hosts without -x) must not leave the
+  // others alone in create()'s collectives.
   const char* shared = std::getenv("DISTRIBUTE_MPI_SHARED_MEMORY");
-  if (shared == nullptr || std::strcmp(shared, "0") != 0) shared_ = NodeSharedMemory::create(comm_, rank_, size_);
+  int wanted = shared == nullptr || std::strcmp(shared, "0") != 0 ? 1 : 0;
+  check(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce", setup);
+  if (wanted == 1) shared_ = NodeSharedMemory::create(comm_, rank_, size_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -720,7 +724,15 @@ void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_
   const std::size_t esz = size_of(dtype);
   const std::size_t chunk = NodeSharedMemory::kChunkBytes / esz;
   const auto n = static_cast<std::size_t>(size_);
-  std::vector<const void*> srcs(n);
+  std::vector<const void*>& srcs = shared_->sources();
+  // Untagged calls had no header round: the ranks compare their calls at the
+  // first step, before anyone reads another's buffers. (The fingerprint is
+  // rewritten only by the next call, after every rank has passed this one's
+  // second step.)
+  const NodeSharedMemory::Fingerprint mine_call{count * esz, static_cast<std::uint32_t>(dtype),
+                                           static_cast<std::uint32_t>(op)};
+  shared_->fingerprint(rank_) = mine_call;
+  bool compared = false;
   const auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
   for (std::size_t at = 0; at < count; at += chunk) {
@@ -730,6 +742,24 @@ void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_
     if (begin > 0) std::memcpy(mine, in + at * esz, begin * esz);
     if (len > end) std::memcpy(mine + end * esz, in + (at + end) * esz, (len - end) * esz);
     shared_step(call);
+    if (!compared) {
+      compared = true;
+      for (int q = 0; q < size_; ++q) {
+        const NodeSharedMemory::Fingerprint theirs = shared_->fingerprint(q);
+        if (theirs == mine_call) continue;
+        // Every rank sees the same fingerprints, so every rank fails here.
+        const auto text = [](const NodeSharedMemory::Fingerprint& f) {
+          return std::to_string(f.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(f.dtype))) + " (" +
+                 std::string(to_string(static_cast<ReduceOp>(f.op))) + ")";
+        };
+        const std::string message = label(call) + ": rank " + std::to_string(q) + " all-reduces " + text(theirs) +
+                                    " where rank " + std::to_string(rank_) + " all-reduces " + text(mine_call) +
+                                    "; the call had no signature tag to compare first, and this communicator "
+                                    "cannot be used any more";
+        abort(ErrorCode::kInvalidArgument, message, rank_);
+        throw InvalidArgumentError(message);
+      }
+    }
     for (std::size_t q = 0; q < n; ++q) srcs[q] = shared_->input(static_cast<int>(q)) + begin * esz;
     srcs[me()] = in + (at + begin) * esz;
     std::byte* reduced = shared_->output(rank_) + begin * esz;

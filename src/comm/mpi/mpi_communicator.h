@@ -9,7 +9,7 @@
 // docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces:
 //   small (<= 64 KiB): the inputs ride in the header round (below), and
 //          every rank reduces all of them locally;
-//   every rank on one host, up to 4 MiB: after the header round, through
+//   every rank on one host, up to 4 MiB: after the header round (if tagged), through
 //          memory that all ranks map (NodeSharedMemory): rank r reduces
 //          slice r of every input there, and every rank copies the slices out;
 //   medium (<= 1 MiB received per rank): every rank sends its input to every

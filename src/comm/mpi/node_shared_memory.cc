@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <random>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -13,76 +15,128 @@
 namespace distribute::internal {
 namespace {
 
-// Each rank's area: its step counter alone on the first page, then its input
-// and output buffers.
-constexpr std::size_t kCounterBytes = 4096;
-constexpr std::size_t kAreaBytes = kCounterBytes + 2 * NodeSharedMemory::kChunkBytes;
+// Each rank's area: its step counter alone on the first page (with, in rank
+// 0's, the object's nonce and, in every rank's, the fingerprint of its call),
+// then its input and output buffers.
+std::size_t page_bytes() {
+  const long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<std::size_t>(page) : 4096;
+}
+std::size_t counter_bytes() { return std::max<std::size_t>(4096, page_bytes()); }
+std::size_t area_bytes() { return counter_bytes() + 2 * NodeSharedMemory::kChunkBytes; }
+// Where rank 0's counter page holds the nonce that tells the ranks they
+// mapped the same object.
+constexpr std::size_t kNonceOffset = 64;
 
-// Whether every rank of `comm` says yes.
+// Whether every rank of `comm` says yes (no, if MPI fails).
 bool all_agree(bool yes, MPI_Comm comm) {
   int value = yes ? 1 : 0;
   if (MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) return false;
   return value == 1;
 }
 
+// Every rank of `comm` shares one host.
+bool on_one_host(MPI_Comm comm, int size) {
+  MPI_Comm node = MPI_COMM_NULL;
+  bool one = false;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    int node_size = 0;
+    one = MPI_Comm_size(node, &node_size) == MPI_SUCCESS && node_size == size;
+    MPI_Comm_free(&node);
+  }
+  return all_agree(one, comm);  // the same answer everywhere, even if the split failed on some rank
+}
+
+// What rank 0 sends: the object's name ("" if it could not make one) and its nonce.
+struct Invitation {
+  std::array<char, 56> name{};
+  std::uint64_t nonce = 0;
+};
+
 }  // namespace
 
 std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int rank, int size) {
-  if (size < 2) return nullptr;
-  // Do all ranks share this host? The split gives every rank its host's
-  // ranks; the answer is the same on every rank.
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) return nullptr;
-  int node_size = 0;
-  MPI_Comm_size(node, &node_size);
-  MPI_Comm_free(&node);
-  if (node_size != size) return nullptr;
-
-  // Rank 0 creates the object under a name of its own and sends the name.
-  std::array<char, 64> name{};
-  const std::size_t bytes = kAreaBytes * static_cast<std::size_t>(size);
-  int fd = -1;
+  if (size < 2 || !on_one_host(comm, size)) return nullptr;
+  // Every rank runs the same collectives below, whatever fails where; a
+  // failure only turns `ok` off, and the last vote sends everyone back to MPI.
+  const std::size_t bytes = area_bytes() * static_cast<std::size_t>(size);
+  Invitation invitation;
+  void* mapping = MAP_FAILED;
   if (rank == 0) {
+    // A name of its own (a leftover of a killed job may hold one: another
+    // try), with the space reserved now: tmpfs grants pages only when they
+    // are first written, and a full /dev/shm would then kill the process
+    // with SIGBUS instead of failing here.
     static std::atomic<unsigned> made{0};
-    std::snprintf(name.data(), name.size(), "/distribute-%ld-%u", static_cast<long>(getpid()), made.fetch_add(1));
-    fd = shm_open(name.data(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    std::random_device random;
+    invitation.nonce = (std::uint64_t{random()} << 32) ^ random() ^ static_cast<std::uint64_t>(getpid());
+    for (int attempt = 0; attempt < 8 && mapping == MAP_FAILED; ++attempt) {
+      std::snprintf(invitation.name.data(), invitation.name.size(), "/distribute-%ld-%u-%u",
+                    static_cast<long>(getpid()), made.fetch_add(1), static_cast<unsigned>(random() % 100000));
+      const int fd = shm_open(invitation.name.data(), O_RDWR | O_CREAT | O_EXCL, 0600);
+      if (fd < 0) continue;
+      if (posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
+        mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
       close(fd);
-      shm_unlink(name.data());
-      fd = -1;
+      if (mapping == MAP_FAILED) shm_unlink(invitation.name.data());
     }
-    if (fd < 0) name[0] = '\0';
+    if (mapping == MAP_FAILED) {
+      invitation.name[0] = '\0';
+    } else {
+      std::memcpy(static_cast<std::byte*>(mapping) + kNonceOffset, &invitation.nonce, sizeof invitation.nonce);
+    }
   }
-  if (MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0, comm) != MPI_SUCCESS) {
-    if (fd >= 0) close(fd);
-    if (rank == 0 && name[0] != '\0') shm_unlink(name.data());
-    return nullptr;
+  if (MPI_Bcast(&invitation, static_cast<int>(sizeof invitation), MPI_BYTE, 0, comm) != MPI_SUCCESS) {
+    invitation.name[0] = '\0';
   }
-  if (name[0] == '\0') return nullptr;  // rank 0 could not create it: every rank knows
-  if (rank != 0) fd = shm_open(name.data(), O_RDWR, 0600);
-  void* mapping = fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  if (fd >= 0) close(fd);
-  bool ok = mapping != MAP_FAILED;
-  std::unique_ptr<NodeSharedMemory> shared(new NodeSharedMemory());
+  bool ok = invitation.name[0] != '\0';
+  if (ok && rank != 0) {
+    const int fd = shm_open(invitation.name.data(), O_RDWR, 0600);
+    if (fd >= 0) {
+      mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+    // The object rank 0 made, not another of the same name (a rank in
+    // another IPC namespace, say).
+    std::uint64_t nonce = 0;
+    if (mapping != MAP_FAILED) std::memcpy(&nonce, static_cast<std::byte*>(mapping) + kNonceOffset, sizeof nonce);
+    ok = mapping != MAP_FAILED && nonce == invitation.nonce;
+  }
+  std::unique_ptr<NodeSharedMemory> shared;
   if (ok) {
-    shared->mapping_ = mapping;
-    shared->mapping_bytes_ = bytes;
-    auto* base = static_cast<std::byte*>(mapping);
-    for (int q = 0; q < size; ++q) {
-      std::byte* area = base + kAreaBytes * static_cast<std::size_t>(q);
-      shared->areas_.push_back(Area{reinterpret_cast<std::atomic<std::uint64_t>*>(area), area + kCounterBytes,
-                                    area + kCounterBytes + kChunkBytes});
+    try {
+      shared.reset(new NodeSharedMemory());
+      shared->mapping_ = mapping;
+      shared->mapping_bytes_ = bytes;
+      mapping = MAP_FAILED;  // the object's now
+      auto* base = static_cast<std::byte*>(shared->mapping_);
+      for (int q = 0; q < size; ++q) {
+        std::byte* area = base + area_bytes() * static_cast<std::size_t>(q);
+        shared->areas_.push_back(Area{reinterpret_cast<std::atomic<std::uint64_t>*>(area),
+                                      reinterpret_cast<Fingerprint*>(area + 2 * kNonceOffset),
+                                      area + counter_bytes(), area + counter_bytes() + kChunkBytes});
+      }
+      shared->sources_.resize(static_cast<std::size_t>(size));
+      // The owner touches its own buffers (its pages on its own NUMA node)
+      // and starts its counter at 0.
+      std::byte* own = base + area_bytes() * static_cast<std::size_t>(rank);
+      std::memset(own + counter_bytes(), 0, 2 * kChunkBytes);
+      new (own) std::atomic<std::uint64_t>(0);
+    } catch (const std::bad_alloc&) {
+      ok = false;
     }
-    // The owner touches its own area (its pages on its own NUMA node) and
-    // starts its counter at 0.
-    std::byte* own = base + kAreaBytes * static_cast<std::size_t>(rank);
-    std::memset(own, 0, kAreaBytes);
-    new (own) std::atomic<std::uint64_t>(0);
   }
+  if (mapping != MAP_FAILED) munmap(mapping, bytes);
   // Everyone has mapped it (or given up) and set its counter: the name can go.
   ok = all_agree(ok, comm);
-  if (rank == 0) shm_unlink(name.data());
+  if (rank == 0 && invitation.name[0] != '\0') shm_unlink(invitation.name.data());
   if (!ok) return nullptr;  // the destructor unmaps what was mapped
+  // Map every page of the others' areas now, not in the first collective.
+  for (int q = 0; q < size; ++q) {
+    const auto* area = static_cast<const volatile std::byte*>(shared->mapping_) + area_bytes() * static_cast<std::size_t>(q);
+    for (std::size_t at = 0; at < area_bytes(); at += page_bytes()) static_cast<void>(area[at]);
+  }
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the step counters are shared between processes");
   return shared;
 }

@@ -7,8 +7,9 @@
 // where MPI between processes moves them with the kernel's single copy
 // (process_vm_readv, about 5 to 7 GB/s on this project's machines).
 //
-// Each rank owns one area: a step counter (its own cache line), an input
-// buffer and an output buffer of kChunkBytes each. Every rank reads every
+// Each rank owns one area: a step counter and the fingerprint of its call (on
+// a page of their own), an input buffer and an output buffer of kChunkBytes
+// each. Every rank reads every
 // other rank's area; only its owner writes it. A rank says it has finished a
 // step by storing the step's number in its counter (release); others wait
 // until every counter has reached it (acquire). The waiting itself is the
@@ -31,17 +32,31 @@ class NodeSharedMemory {
   // enough that a chunk stays in a core's cache between its steps.
   static constexpr std::size_t kChunkBytes = std::size_t{512} << 10;
 
-  // Collective over `comm` (rank `rank` of `size`). nullptr when the ranks
-  // do not all share one host, when there is only one, or when the memory
-  // cannot be had on some rank (a too small /dev/shm, say): the caller then
-  // keeps to MPI. Each rank touches its own area's pages here, so that no
-  // collective pays for their first touch.
+  // What a rank says of its call, so that ranks that disagree (untagged
+  // calls of different sizes, which no header round compared) find out
+  // before they read each other's buffers.
+  struct Fingerprint {
+    std::uint64_t bytes = 0;
+    std::uint32_t dtype = 0;
+    std::uint32_t op = 0;
+    friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+  };
+
+  // Collective over `comm` (rank `rank` of `size`); every rank must call it
+  // (or none). nullptr on every rank when the ranks do not all share one
+  // host, when there is only one, or when the memory cannot be had on some
+  // rank (a too small /dev/shm, say: its space is reserved here): the caller
+  // then keeps to MPI. Each rank touches its own buffers and maps the
+  // others' here, so that no collective pays for first touches.
   static std::unique_ptr<NodeSharedMemory> create(MPI_Comm comm, int rank, int size);
   ~NodeSharedMemory();
   NodeSharedMemory(const NodeSharedMemory&) = delete;
   NodeSharedMemory& operator=(const NodeSharedMemory&) = delete;
 
   std::byte* input(int rank) const { return areas_[static_cast<std::size_t>(rank)].input; }
+  Fingerprint& fingerprint(int rank) const { return *areas_[static_cast<std::size_t>(rank)].fingerprint; }
+  // One source pointer per rank, for the reductions (no allocation per call).
+  std::vector<const void*>& sources() { return sources_; }
   std::byte* output(int rank) const { return areas_[static_cast<std::size_t>(rank)].output; }
   // This rank has finished `step`.
   void publish(int rank, std::uint64_t step) const {
@@ -60,6 +75,7 @@ class NodeSharedMemory {
  private:
   struct Area {
     std::atomic<std::uint64_t>* step = nullptr;
+    Fingerprint* fingerprint = nullptr;
     std::byte* input = nullptr;
     std::byte* output = nullptr;
   };
@@ -67,6 +83,7 @@ class NodeSharedMemory {
   void* mapping_ = nullptr;
   std::size_t mapping_bytes_ = 0;
   std::vector<Area> areas_;
+  std::vector<const void*> sources_;
   std::uint64_t steps_ = 0;
 };
 
