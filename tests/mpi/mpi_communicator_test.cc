@@ -151,7 +151,7 @@ void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& 
 
 // All-gathers around the sizes where the header round's paths change: blocks
 // copied behind the header (up to 1 KiB), sent in place with it (up to
-// 64 KiB), and beyond: with a tag, a message of their own posted alongside
+// 16 KiB), and beyond: with a tag, a message of their own posted alongside
 // the header round; untagged, a message of their own. Ragged, with and
 // without outer rows, tagged and untagged.
 TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
@@ -184,12 +184,12 @@ TEST(MpiCommunicatorTest, MismatchedBlockSizesLeaveNoStrayMessage) {
   MpiCommunicator comm;
   if (comm.size() < 2) GTEST_SKIP() << "needs two ranks: one disagrees with the others";
   const int n = comm.size();
-  // In ints: 2000: every block in the header round; 10000: the last rank
-  // posts its receives (80 KB blocks), the others send theirs in the header
-  // round (40 KB); 70000: all posted.
+  // In ints: 1000: every block in the header round; 3000: the last rank
+  // posts its receives (24 KB blocks), the others send theirs in the header
+  // round (12 KB); 70000: all posted.
   constexpr std::size_t kPosted = MpiCommunicator::kPostedGatherBytes;
-  static_assert(kPosted >= 80000 / 2 && kPosted < 80000);
-  for (std::size_t block : {std::size_t{2000}, std::size_t{10000}, std::size_t{70000}}) {
+  static_assert(kPosted >= 24000 / 2 && kPosted < 24000);
+  for (std::size_t block : {std::size_t{1000}, std::size_t{3000}, std::size_t{70000}}) {
     SCOPED_TRACE("block " + std::to_string(block));
     const std::size_t mine = comm.rank() == n - 1 ? 2 * block : block;
     std::vector<std::int32_t> send(mine, comm.rank()), recv(mine * static_cast<std::size_t>(n), -1);

@@ -103,8 +103,11 @@ class MpiCommunicator final : public Communicator {
   // All-gathers whose largest block is at most this many bytes move the
   // blocks inside the header round; larger ones send each block as a message
   // of its own, alongside the header round (posted_gather) or, beyond what
-  // MPI's tags can name, after it.
-  static constexpr std::size_t kPostedGatherBytes = kInlineBytes;
+  // MPI's tags can name, after it. Measured at 2 workers (docs/benchmarks.md,
+  // multi-worker): 32 KiB blocks took 8.3 to 9.5 us posted, 9.9 to 26.9
+  // inside the header round (OpenMPI sends a two-part datatype that large
+  // through its own buffers).
+  static constexpr std::size_t kPostedGatherBytes = 16 * 1024;
   static_assert(kPostedGatherBytes <= kInlineBytes);
 
  private:
