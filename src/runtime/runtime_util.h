@@ -61,16 +61,11 @@ GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members, A
   GatherLayout layout;
   layout.outer = static_cast<std::size_t>(outer);
   layout.counts.reserve(members);
-  std::size_t elements = 0;
   for (std::size_t q = 0; q < members; ++q) {
     const std::int64_t n = along(q);
     layout.counts.push_back(static_cast<std::size_t>(n * inner));
-    elements += layout.counts.back();
     if (__builtin_add_overflow(along_axis, n, &along_axis)) throw_gather_size_overflow(a);
   }
-  // Nothing to move: one empty row stands for any number of them, such as
-  // the 2^62 of shape (2^62, 0), which a backend would otherwise walk.
-  if (elements == 0) layout.outer = 1;
   layout.shape = Shape(dims);
   return layout;
 }

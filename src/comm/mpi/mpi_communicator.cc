@@ -674,7 +674,8 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
   // Laid out row by row: row o is every rank's row o, in rank order (empty
   // rows, however many, need no loop).
   auto* dst = static_cast<std::byte*>(recv);
-  for (std::size_t o = 0; o < (total == 0 ? 0 : outer); ++o) {
+  const std::size_t rows = total == 0 ? 0 : outer;
+  for (std::size_t o = 0; o < rows; ++o) {
     for (std::size_t q = 0; q < counts.size(); ++q) {
       const std::size_t row = counts[q] * esz;
       const std::byte* src = blocks[q] + o * row;
@@ -713,6 +714,25 @@ void MpiCommunicator::shared_step(const CollectiveCall& call) {
   poll(call, [&] { return shared_->all_reached(step); });
 }
 
+void MpiCommunicator::check_shared_fingerprints(const NodeSharedMemory::Fingerprint& mine,
+                                                const CollectiveCall& call) {
+  for (int q = 0; q < size_; ++q) {
+    const NodeSharedMemory::Fingerprint theirs = shared_->fingerprint(q);
+    if (theirs == mine) continue;
+    // Every rank sees the same fingerprints, so every rank fails here.
+    const auto text = [](const NodeSharedMemory::Fingerprint& f) {
+      return std::to_string(f.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(f.dtype))) + " (" +
+             std::string(to_string(static_cast<ReduceOp>(f.op))) + ")";
+    };
+    const std::string message = label(call) + ": rank " + std::to_string(q) + " all-reduces " + text(theirs) +
+                                " where rank " + std::to_string(rank_) + " all-reduces " + text(mine) +
+                                "; the call had no signature tag to compare first, and this communicator "
+                                "cannot be used any more";
+    abort(ErrorCode::kInvalidArgument, message, rank_);
+    throw InvalidArgumentError(message);
+  }
+}
+
 void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                         std::int64_t divisor, const CollectiveCall& call) {
   // Per chunk: every rank copies into its input buffer the slices of its
@@ -732,7 +752,6 @@ void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_
   const NodeSharedMemory::Fingerprint mine_call{count * esz, static_cast<std::uint32_t>(dtype),
                                            static_cast<std::uint32_t>(op)};
   shared_->fingerprint(rank_) = mine_call;
-  bool compared = false;
   const auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
   for (std::size_t at = 0; at < count; at += chunk) {
@@ -742,24 +761,7 @@ void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_
     if (begin > 0) std::memcpy(mine, in + at * esz, begin * esz);
     if (len > end) std::memcpy(mine + end * esz, in + (at + end) * esz, (len - end) * esz);
     shared_step(call);
-    if (!compared) {
-      compared = true;
-      for (int q = 0; q < size_; ++q) {
-        const NodeSharedMemory::Fingerprint theirs = shared_->fingerprint(q);
-        if (theirs == mine_call) continue;
-        // Every rank sees the same fingerprints, so every rank fails here.
-        const auto text = [](const NodeSharedMemory::Fingerprint& f) {
-          return std::to_string(f.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(f.dtype))) + " (" +
-                 std::string(to_string(static_cast<ReduceOp>(f.op))) + ")";
-        };
-        const std::string message = label(call) + ": rank " + std::to_string(q) + " all-reduces " + text(theirs) +
-                                    " where rank " + std::to_string(rank_) + " all-reduces " + text(mine_call) +
-                                    "; the call had no signature tag to compare first, and this communicator "
-                                    "cannot be used any more";
-        abort(ErrorCode::kInvalidArgument, message, rank_);
-        throw InvalidArgumentError(message);
-      }
-    }
+    if (at == 0) check_shared_fingerprints(mine_call, call);
     for (std::size_t q = 0; q < n; ++q) srcs[q] = shared_->input(static_cast<int>(q)) + begin * esz;
     srcs[me()] = in + (at + begin) * esz;
     std::byte* reduced = shared_->output(rank_) + begin * esz;

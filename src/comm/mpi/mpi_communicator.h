@@ -200,6 +200,9 @@ class MpiCommunicator final : public Communicator {
   // step, which every rank takes only once it has copied out.
   void shared_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                          std::int64_t divisor, const CollectiveCall& call);
+  // At the first step of a shared all-reduce: throws InvalidArgumentError (on
+  // every rank, the communicator closed) if any rank's call differs.
+  void check_shared_fingerprints(const NodeSharedMemory::Fingerprint& mine, const CollectiveCall& call);
   // This rank has finished a step; waits until every rank has.
   void shared_step(const CollectiveCall& call);
   // all_gather_v of bytes, outer == 1 (`place_own`: as posted_gather's).

@@ -25,8 +25,10 @@ std::size_t page_bytes() {
 std::size_t counter_bytes() { return std::max<std::size_t>(4096, page_bytes()); }
 std::size_t area_bytes() { return counter_bytes() + 2 * NodeSharedMemory::kChunkBytes; }
 // Where rank 0's counter page holds the nonce that tells the ranks they
-// mapped the same object.
+// mapped the same object, and where every counter page holds its rank's
+// call's fingerprint (each on a cache line of its own, past the counter's).
 constexpr std::size_t kNonceOffset = 64;
+constexpr std::size_t kFingerprintOffset = 128;
 
 // Whether every rank of `comm` says yes (no, if MPI fails).
 bool all_agree(bool yes, MPI_Comm comm) {
@@ -114,7 +116,7 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
       for (int q = 0; q < size; ++q) {
         std::byte* area = base + area_bytes() * static_cast<std::size_t>(q);
         shared->areas_.push_back(Area{reinterpret_cast<std::atomic<std::uint64_t>*>(area),
-                                      reinterpret_cast<Fingerprint*>(area + 2 * kNonceOffset),
+                                      reinterpret_cast<Fingerprint*>(area + kFingerprintOffset),
                                       area + counter_bytes(), area + counter_bytes() + kChunkBytes});
       }
       shared->sources_.resize(static_cast<std::size_t>(size));

@@ -54,10 +54,10 @@ class NodeSharedMemory {
   NodeSharedMemory& operator=(const NodeSharedMemory&) = delete;
 
   std::byte* input(int rank) const { return areas_[static_cast<std::size_t>(rank)].input; }
+  std::byte* output(int rank) const { return areas_[static_cast<std::size_t>(rank)].output; }
   Fingerprint& fingerprint(int rank) const { return *areas_[static_cast<std::size_t>(rank)].fingerprint; }
   // One source pointer per rank, for the reductions (no allocation per call).
   std::vector<const void*>& sources() { return sources_; }
-  std::byte* output(int rank) const { return areas_[static_cast<std::size_t>(rank)].output; }
   // This rank has finished `step`.
   void publish(int rank, std::uint64_t step) const {
     areas_[static_cast<std::size_t>(rank)].step->store(step, std::memory_order_release);
