@@ -109,6 +109,10 @@ TEST(MpiCommunicatorTest, RanksOnOneHostShareMemoryUnlessTurnedOff) {
   const char* setting = std::getenv("DISTRIBUTE_MPI_SHARED_MEMORY");
   const bool off = setting != nullptr && std::string(setting) == "0";
   EXPECT_EQ(comm.uses_node_shared_memory(), comm.size() > 1 && !off);
+  const char* single = std::getenv("DISTRIBUTE_MPI_SINGLE_COPY");
+  const bool single_off = single != nullptr && std::string(single) == "0";
+  // Linux lets a process read another of the same user (OpenMPI does the same here).
+  EXPECT_EQ(comm.uses_single_copy(), comm.uses_node_shared_memory() && !single_off);
 }
 
 // Several chunks of the shared buffers (and a part of one), in place and
@@ -149,19 +153,23 @@ void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& 
   }
 }
 
-// All-gathers around the sizes where the header round's paths change: blocks
+// All-gathers around the sizes where the paths change. Between hosts: blocks
 // copied behind the header (up to 1 KiB), sent in place with it (up to
 // 16 KiB), and beyond: with a tag, a message of their own posted alongside
-// the header round; untagged, a message of their own. Ragged, with and
-// without outer rows, tagged and untagged.
+// the header round; untagged, a message of their own. On one host: through
+// the shared buffers (up to 8 KiB), beyond read where they are. Ragged, with
+// and without outer rows, tagged and untagged.
 TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
   MpiCommunicator comm;
   std::uint64_t seq = 0;
   // The largest block (base + n - 1 ints) is the last that travels in the header round.
   const std::size_t last_inline =
       MpiCommunicator::kPostedGatherBytes / sizeof(std::int32_t) + 1 - static_cast<std::size_t>(comm.size());
-  for (std::size_t base : {std::size_t{255}, std::size_t{256}, std::size_t{257}, last_inline, last_inline + 1,
-                           std::size_t{40000}}) {
+  // On one host: the last that moves through the shared buffers.
+  const std::size_t last_shared =
+      MpiCommunicator::kSharedGatherBytes / sizeof(std::int32_t) + 1 - static_cast<std::size_t>(comm.size());
+  for (std::size_t base : {std::size_t{255}, std::size_t{256}, std::size_t{257}, last_shared, last_shared + 1,
+                           last_inline, last_inline + 1, std::size_t{40000}}) {
     std::vector<std::size_t> counts;
     for (int q = 0; q < comm.size(); ++q) counts.push_back(base + static_cast<std::size_t>(q));
     for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) {
@@ -281,6 +289,83 @@ TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
     std::vector<double> buf(5000, comm.rank() == root ? 1.5 * root : -1.0);
     comm.broadcast(buf.data(), buf.size(), DType::kFloat64, root, call("broadcast"));
     EXPECT_EQ(buf, std::vector<double>(5000, 1.5 * root));
+  }
+}
+
+// On one host, payloads and broadcasts beyond the shared buffers (512 KiB)
+// move through MPI after the first step; the others through the buffers.
+// Between hosts, the same calls take the header round's second round.
+TEST(MpiCommunicatorTest, PayloadsAndBroadcastsOnBothSidesOfTheSharedBuffers) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  const std::size_t large = NodeSharedMemory::kChunkBytes + 1;
+  const auto payload = [&](int q) {
+    // Rank 0's beyond the buffers, the others' within (mixed in one call).
+    return std::string(q == 0 ? large : 1000 + static_cast<std::size_t>(q), static_cast<char>('a' + q));
+  };
+  for (std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{0x2468}}) {
+    CollectiveCall c = call("exchange");
+    c.signature_tag = tag;
+    const auto all = comm.exchange(payload(comm.rank()), c);
+    ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) EXPECT_EQ(all[static_cast<std::size_t>(q)], payload(q)) << "rank " << q;
+  }
+  for (std::size_t bytes : {NodeSharedMemory::kChunkBytes, large}) {
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::uint8_t> buf(bytes, comm.rank() == root ? static_cast<std::uint8_t>(10 + root) : 0);
+      if (comm.rank() == root) buf.back() = 7;
+      CollectiveCall c = call("broadcast");
+      c.signature_tag = 0x1358;
+      comm.broadcast(buf.data(), buf.size(), DType::kUInt8, root, c);
+      EXPECT_EQ(std::count(buf.begin(), buf.end() - 1, static_cast<std::uint8_t>(10 + root)),
+                static_cast<std::ptrdiff_t>(bytes - 1))
+          << "bytes " << bytes << " root " << root;
+      EXPECT_EQ(buf.back(), 7);
+    }
+  }
+}
+
+// Untagged calls of different kinds (which MPI's path cannot tell apart
+// without a tag): on one host the first step compares kinds and sizes, and
+// every rank fails with the same InvalidArgumentError, the communicator
+// closed.
+TEST(MpiCommunicatorTest, UntaggedCallsOfDifferentKindsFailOnOneHost) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    MpiCommunicator comm;
+    if (!comm.uses_node_shared_memory()) GTEST_SKIP() << "MPI's path does not compare untagged calls";
+    const bool odd_one = comm.rank() == comm.size() - 1;
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), 100);
+    std::vector<std::int32_t> send(200, 1), recv(200 * static_cast<std::size_t>(comm.size()), -1);
+    std::string expected;
+    try {
+      if (!odd_one) {
+        comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kInt32, call("all_gather", 3));
+      } else if (variant == 0) {
+        comm.barrier(call("all_gather", 3));
+      } else if (variant == 1) {
+        // Another size than the others expect of it (ragged calls are fine,
+        // as long as every rank's counts agree).
+        std::vector<std::size_t> mine = counts;
+        mine.back() = 200;
+        comm.all_gather_v(send.data(), recv.data(), mine, 1, DType::kInt32, call("all_gather", 3));
+      } else {
+        comm.all_reduce(send.data(), recv.data(), 100, DType::kInt32, ReduceOp::kSum, call("all_gather", 3));
+      }
+      ADD_FAILURE() << "rank " << comm.rank() << " finished a call the others did not make";
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("all_gather #3: rank "), std::string::npos) << what;
+      EXPECT_NE(what.find(variant == 0   ? "a barrier"
+                          : variant == 1 ? "an all-gather sending 800 bytes of int32"
+                                         : "an all-reduce of 400 bytes of int32 (SUM)"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("an all-gather sending 400 bytes of int32"), std::string::npos) << what;
+    }
+    EXPECT_EQ(std::count(recv.begin(), recv.end(), -1), static_cast<std::ptrdiff_t>(recv.size()))
+        << "the output was written";
+    EXPECT_THROW(comm.barrier(call("barrier", 4)), InvalidArgumentError);  // closed
   }
 }
 

@@ -519,6 +519,11 @@ int run_multi_worker(const Options& o) {
       CollectiveCall call{.op = o.op, .sequence = 0, .timeout_seconds = 600};
       std::vector<std::size_t> gather_counts(static_cast<std::size_t>(n), per_replica);
       for (int it = 0; it < o.warmup + o.iters; ++it) {
+        // The last result is dropped first, as a training step drops its
+        // gradients: the output's storage comes back from the cache, as MPI's
+        // reference writes into one buffer. (Held across the call, two outputs
+        // alternate: at 4 MiB that cost 1.2-1.3x, docs/benchmarks.md.)
+        if (o.api == "tensor") out = Tensor();
         auto t0 = Clock::now();
         if (o.api == "tensor") {
           out = o.op == "all_reduce" ? ctx.all_reduce(o.redop, in) : ctx.all_gather(in, 0);

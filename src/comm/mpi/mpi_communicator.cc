@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <algorithm>
 #include <new>
@@ -36,6 +37,12 @@ constexpr std::size_t kGatherAllBytes = 1 << 20;
 // copy from 256 KiB to 4 MiB, but 1.5x slower at 8 MiB, where the lock-step
 // chunks cost more than the kernel's copy.
 constexpr std::size_t kSharedAllReduceBytes = std::size_t{4} << 20;
+// On one host, all-reduces of at most this many bytes move every input
+// through the shared buffers in one step and every rank reduces all of them
+// (as the header round does between hosts); larger ones are reduced slice by
+// slice (shared_all_reduce).
+constexpr std::size_t kSharedReduceAllBytes = std::size_t{64} << 10;
+static_assert(kSharedReduceAllBytes <= NodeSharedMemory::kChunkBytes);
 // How long a wait polls MPI without pause before it starts yielding the core
 // between polls. Measured at 2 workers (docs/benchmarks.md, multi-worker):
 // yielding from the first poll cost 1 to 4 us per call, 1.2 to 1.5x
@@ -67,6 +74,16 @@ std::string seconds_text(double seconds) {
 }
 
 std::string label(const CollectiveCall& call) { return std::string(call.op) + " #" + std::to_string(call.sequence); }
+
+// FNV-1a of every rank's block size: ranks that agree on them all agree on
+// this (never 0, which says "no layout").
+std::uint64_t hash_layout(const std::vector<int>& bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (int b : bytes) {
+    for (int i = 0; i < 4; ++i) h = (h ^ ((static_cast<std::uint32_t>(b) >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  }
+  return h == 0 ? 1 : h;
+}
 
 }  // namespace
 
@@ -505,6 +522,7 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   Token token(*this);
   throw_if_failed();
+  if (shared_ != nullptr) return shared_exchange(std::move(payload), call);
   // The header round carries the tag and the payload's size, and the payload itself if it fits.
   const std::size_t inline_bytes = payload.size() <= kInlineBytes ? payload.size() : 0;
   const std::vector<Received>& headers =
@@ -543,6 +561,31 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   const std::size_t bytes = count * esz;
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size_;
   const auto n = static_cast<std::size_t>(size_);
+  bool agreed = false;  // the tags compared already
+  if (shared_ != nullptr) {
+    const NodeSharedMemory::Call mine{.tag = call.signature_tag,
+                                      .bytes = bytes,
+                                      .kind = static_cast<std::uint32_t>(Kind::kAllReduce),
+                                      .dtype = static_cast<std::uint32_t>(dtype),
+                                      .op = static_cast<std::uint32_t>(op)};
+    if (bytes <= kSharedReduceAllBytes) {
+      // Small: every rank's input through its buffer, one step; every rank
+      // reduces all of them in rank order (the same bits everywhere).
+      const std::uint64_t step = shared_->next_step();
+      if (bytes) std::memcpy(shared_->buffer(rank_, step), send, bytes);
+      shared_begin(step, mine, call);
+      std::vector<const void*>& srcs = shared_->sources();
+      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = shared_->buffer(q, step);
+      if (bytes) reduce_sources(recv, srcs, count, dtype, op, divisor);
+      return;
+    }
+    if (bytes <= kSharedAllReduceBytes) {
+      shared_all_reduce(send, recv, count, dtype, op, divisor, mine, call);
+      return;
+    }
+    agree(mine, call);  // then MPI's path, below
+    agreed = true;
+  }
   if (bytes <= kInlineBytes && size_ > 1) {
     // Small: the inputs travel in the header round, the only round; every
     // rank reduces all of them in rank order (the same bits everywhere).
@@ -550,11 +593,6 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
     std::vector<const void*> srcs(n);
     for (std::size_t q = 0; q < n; ++q) srcs[q] = headers[q].data;
     if (bytes) reduce_sources(recv, srcs, count, dtype, op, divisor);
-    return;
-  }
-  if (shared_ != nullptr && bytes <= kSharedAllReduceBytes) {
-    check_tags(call);
-    shared_all_reduce(send, recv, count, dtype, op, divisor, call);
     return;
   }
   if (size_ == 1) {
@@ -575,10 +613,10 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
     // it is, not copied into place.
     std::byte* all = scratch(bytes * n);
     const std::vector<int> counts(n, to_int(bytes, call));
-    if (call.signature_tag != 0 && bytes <= largest_tagged_block()) {
+    if (!agreed && call.signature_tag != 0 && bytes <= largest_tagged_block()) {
       posted_gather(send, bytes, all, counts, call, /*place_own=*/false);
     } else {
-      check_tags(call);
+      if (!agreed) check_tags(call);
       gather_bytes(send, bytes, all, counts, call, /*place_own=*/false);
     }
     for (std::size_t q = 0; q < n; ++q) srcs[q] = all + q * bytes;
@@ -588,7 +626,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   }
   // Bandwidth: rank r receives slice r of every input, reduces it in rank
   // order, and the reduced slices are all-gathered into place.
-  check_tags(call);
+  if (!agreed) check_tags(call);
   std::vector<int> slice_bytes(n), slice_displs(n);
   for (std::size_t q = 0; q < n; ++q) {
     const std::size_t begin = count * q / n, end = count * (q + 1) / n;
@@ -644,7 +682,19 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
   // Every rank's block, rank by rank (each rank's `outer` rows together).
   std::vector<const std::byte*> blocks(counts.size());
   std::shared_ptr<std::byte> staged;
-  if (largest <= kPostedGatherBytes || size_ == 1) {
+  const NodeSharedMemory::Call my_call{.tag = call.signature_tag,
+                                       .bytes = mine,
+                                       .layout = hash_layout(bytes),
+                                       .kind = static_cast<std::uint32_t>(Kind::kAllGather),
+                                       .dtype = static_cast<std::uint32_t>(dtype)};
+  if (shared_ != nullptr && largest <= kSharedGatherBytes) {
+    // One host: every block through its rank's buffer, one step; laid out
+    // below straight from the buffers.
+    const std::uint64_t step = shared_->next_step();
+    if (mine) std::memcpy(shared_->buffer(rank_, step), send, mine);
+    shared_begin(step, my_call, call);
+    for (int q = 0; q < size_; ++q) blocks[static_cast<std::size_t>(q)] = shared_->buffer(q, step);
+  } else if (shared_ == nullptr && (largest <= kPostedGatherBytes || size_ == 1)) {
     // Small: the blocks travel in the header round, the only round.
     const std::vector<Received>& in = header_round(call.signature_tag, 0, send, mine, call);
     for (std::size_t q = 0; q < counts.size(); ++q) blocks[q] = in[q].data;
@@ -658,10 +708,12 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
     }
     // (A receive that a failure leaves pending quarantines `into`, the
     // staging buffer or the caller's output: release().)
-    if (call.signature_tag != 0 && largest <= largest_tagged_block()) {
+    if (shared_ != nullptr && shared_->single_copy()) {
+      single_copy_gather(send, mine, into, bytes, my_call, call);
+    } else if (shared_ == nullptr && call.signature_tag != 0 && largest <= largest_tagged_block()) {
       posted_gather(send, mine, into, bytes, call);
     } else {
-      check_tags(call);
+      agree(my_call, call);
       gather_bytes(send, mine, into, bytes, call);
     }
     if (outer == 1) return;
@@ -688,100 +740,243 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
 void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) {
   Token token(*this);
   throw_if_failed();
+  const std::size_t bytes = count * size_of(dtype);
+  if (shared_ != nullptr) {
+    shared_broadcast(buffer, bytes, dtype, root, call);
+    return;
+  }
   check_tags(call);
-  const int bytes = to_int(count * size_of(dtype), call);
-  if (size_ == 1 || bytes == 0) return;
+  if (size_ > 1 && bytes > 0) broadcast_bytes(buffer, bytes, root, call);
+}
+
+void MpiCommunicator::broadcast_bytes(void* buffer, std::size_t bytes, int root, const CollectiveCall& call) {
   // The root sends to every other rank, point to point.
+  const int size = to_int(bytes, call);
   std::vector<MPI_Request> requests;
   const int receives = rank_ == root ? 0 : 1;
   if (rank_ == root) {
     for (int q = 0; q < size_; ++q) {
       if (q == root) continue;
       requests.emplace_back(MPI_REQUEST_NULL);
-      check(MPI_Isend(buffer, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
+      check(MPI_Isend(buffer, size, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
     }
   } else {
     requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Irecv(buffer, bytes, MPI_BYTE, root, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
+    check(MPI_Irecv(buffer, size, MPI_BYTE, root, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
   }
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call,
-           {buffer, static_cast<std::size_t>(bytes)});
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {buffer, bytes});
 }
 
-void MpiCommunicator::shared_step(const CollectiveCall& call) {
-  const std::uint64_t step = shared_->next_step();
+void MpiCommunicator::shared_step(std::uint64_t step, const CollectiveCall& call) {
   shared_->publish(rank_, step);
   poll(call, [&] { return shared_->all_reached(step); });
 }
 
-void MpiCommunicator::check_shared_fingerprints(const NodeSharedMemory::Fingerprint& mine,
-                                                const CollectiveCall& call) {
+namespace {
+
+// What a rank's call is, for the error that says two ranks' calls differ.
+std::string describe(const NodeSharedMemory::Call& c) {
+  const std::string bytes = std::to_string(c.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(c.dtype)));
+  switch (c.kind) {
+    case 1: return "an exchange";
+    case 2: return "an all-reduce of " + bytes + " (" + std::string(to_string(static_cast<ReduceOp>(c.op))) + ")";
+    case 3: return "an all-gather sending " + bytes + " (another layout of the ranks' blocks)";
+    case 4: return "a broadcast of " + bytes + " from rank " + std::to_string(c.root);
+    case 5: return "a barrier";
+    default: return "a call of unknown kind " + std::to_string(c.kind);
+  }
+}
+
+}  // namespace
+
+void MpiCommunicator::shared_begin(std::uint64_t step, const NodeSharedMemory::Call& mine,
+                                   const CollectiveCall& call) {
+  shared_->call(rank_, step) = mine;
+  shared_step(step, call);
+  // Every rank reads the same slots, so every rank decides alike.
+  bool tags_differ = (mine.tag & 1) != 0;  // bit 0: a tag that can never agree
+  for (int q = 0; q < size_; ++q) tags_differ |= shared_->call(q, step).tag != mine.tag;
+  const auto peer_failed_first = [&] {
+    // A rank that published this step and then failed (a timeout, say) is
+    // in another call by now: its failure notice, if sent, is the error.
+    // (A message that has arrived may take OpenMPI a progress call or two
+    // to match: a few probes, on this error path only.)
+    for (int probe = 0; probe < 16 && !failed_.load(std::memory_order_acquire); ++probe) receive_notice();
+    throw_if_failed();
+  };
+  if (tags_differ) {
+    peer_failed_first();
+    throw SignatureMismatch();
+  }
   for (int q = 0; q < size_; ++q) {
-    const NodeSharedMemory::Fingerprint theirs = shared_->fingerprint(q);
-    if (theirs == mine) continue;
-    // Every rank sees the same fingerprints, so every rank fails here.
-    const auto text = [](const NodeSharedMemory::Fingerprint& f) {
-      return std::to_string(f.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(f.dtype))) + " (" +
-             std::string(to_string(static_cast<ReduceOp>(f.op))) + ")";
-    };
-    const std::string message = label(call) + ": rank " + std::to_string(q) + " all-reduces " + text(theirs) +
-                                " where rank " + std::to_string(rank_) + " all-reduces " + text(mine) +
-                                "; the call had no signature tag to compare first, and this communicator "
-                                "cannot be used any more";
+    const NodeSharedMemory::Call theirs = shared_->call(q, step);
+    const bool exchange = mine.kind == static_cast<std::uint32_t>(Kind::kExchange);
+    if (theirs.kind == mine.kind && theirs.dtype == mine.dtype && theirs.op == mine.op && theirs.root == mine.root &&
+        theirs.layout == mine.layout && (exchange || theirs.bytes == mine.bytes || mine.layout != 0)) {
+      continue;
+    }
+    peer_failed_first();
+    std::string message = label(call) + ": rank " + std::to_string(q) + " makes " + describe(theirs) + " where rank " +
+                          std::to_string(rank_) + " makes " + describe(mine);
+    if (theirs.kind == mine.kind && theirs.layout != mine.layout) message += ", with other sizes of the ranks' blocks";
+    message += mine.tag == 0 ? "; the call had no signature tag to compare first, and this communicator cannot be "
+                               "used any more"
+                             : "; this communicator cannot be used any more";
     abort(ErrorCode::kInvalidArgument, message, rank_);
     throw InvalidArgumentError(message);
   }
 }
 
+void MpiCommunicator::agree(const NodeSharedMemory::Call& mine, const CollectiveCall& call) {
+  if (shared_ != nullptr) {
+    shared_begin(shared_->next_step(), mine, call);
+  } else {
+    check_tags(call);
+  }
+}
+
 void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                                        std::int64_t divisor, const CollectiveCall& call) {
-  // Per chunk: every rank copies into its input buffer the slices of its
-  // input that the others reduce; rank r reduces slice r of every rank's
-  // input in rank order (its own read where it is) into its output buffer
-  // and copies it out; then every rank copies the others' reduced slices
-  // out. In place (send == recv) is safe: a slice is read before it is
-  // written.
+                                        std::int64_t divisor, const NodeSharedMemory::Call& mine,
+                                        const CollectiveCall& call) {
+  // Per chunk: every rank copies into its buffer the slices of its input
+  // that the others reduce; rank r reduces slice r of every rank's input in
+  // rank order (its own read where it is) into its next buffer and copies it
+  // out; then every rank copies the others' reduced slices out. In place
+  // (send == recv) is safe: a slice is read before it is written.
   const std::size_t esz = size_of(dtype);
   const std::size_t chunk = NodeSharedMemory::kChunkBytes / esz;
   const auto n = static_cast<std::size_t>(size_);
   std::vector<const void*>& srcs = shared_->sources();
-  // Untagged calls had no header round: the ranks compare their calls at the
-  // first step, before anyone reads another's buffers. (The fingerprint is
-  // rewritten only by the next call, after every rank has passed this one's
-  // second step.)
-  const NodeSharedMemory::Fingerprint mine_call{count * esz, static_cast<std::uint32_t>(dtype),
-                                           static_cast<std::uint32_t>(op)};
-  shared_->fingerprint(rank_) = mine_call;
   const auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
   for (std::size_t at = 0; at < count; at += chunk) {
     const std::size_t len = std::min(chunk, count - at);
     const std::size_t begin = len * me() / n, end = len * (me() + 1) / n;
-    std::byte* mine = shared_->input(rank_);
-    if (begin > 0) std::memcpy(mine, in + at * esz, begin * esz);
-    if (len > end) std::memcpy(mine + end * esz, in + (at + end) * esz, (len - end) * esz);
-    shared_step(call);
-    if (at == 0) check_shared_fingerprints(mine_call, call);
-    for (std::size_t q = 0; q < n; ++q) srcs[q] = shared_->input(static_cast<int>(q)) + begin * esz;
+    const std::uint64_t inputs = shared_->next_step();
+    std::byte* mine_in = shared_->buffer(rank_, inputs);
+    if (begin > 0) std::memcpy(mine_in, in + at * esz, begin * esz);
+    if (len > end) std::memcpy(mine_in + end * esz, in + (at + end) * esz, (len - end) * esz);
+    if (at == 0) {
+      shared_begin(inputs, mine, call);
+    } else {
+      shared_step(inputs, call);
+    }
+    for (std::size_t q = 0; q < n; ++q) srcs[q] = shared_->buffer(static_cast<int>(q), inputs) + begin * esz;
     srcs[me()] = in + (at + begin) * esz;
-    std::byte* reduced = shared_->output(rank_) + begin * esz;
+    const std::uint64_t outputs = shared_->next_step();
+    std::byte* reduced = shared_->buffer(rank_, outputs) + begin * esz;
     if (end > begin) {
       reduce_sources(reduced, srcs, end - begin, dtype, op, divisor);
       std::memcpy(out + (at + begin) * esz, reduced, (end - begin) * esz);
     }
-    shared_step(call);
+    shared_step(outputs, call);
     for (std::size_t q = 0; q < n; ++q) {
       const std::size_t b = len * q / n, e = len * (q + 1) / n;
       if (q != me() && e > b) {
-        std::memcpy(out + (at + b) * esz, shared_->output(static_cast<int>(q)) + b * esz, (e - b) * esz);
+        std::memcpy(out + (at + b) * esz, shared_->buffer(static_cast<int>(q), outputs) + b * esz, (e - b) * esz);
       }
     }
+  }
+}
+
+void MpiCommunicator::single_copy_gather(const void* send, std::size_t send_bytes, std::byte* recv,
+                                         const std::vector<int>& counts, NodeSharedMemory::Call mine,
+                                         const CollectiveCall& call) {
+  // Every rank says where its block is at the first step and reads the
+  // others' from there; the second step keeps every block in place until
+  // every rank has read it.
+  const std::uint64_t step = shared_->next_step();
+  mine.address = reinterpret_cast<std::uint64_t>(send);
+  shared_begin(step, mine, call);
+  std::size_t at = 0;
+  for (int q = 0; q < size_; ++q) {
+    const auto bytes = static_cast<std::size_t>(counts[static_cast<std::size_t>(q)]);
+    if (q == rank_) {
+      if (bytes > 0 && recv + at != send) std::memcpy(recv + at, send, send_bytes);
+    } else if (bytes > 0 && !shared_->read(q, shared_->call(q, step).address, recv + at, bytes)) {
+      const int error = errno;
+      const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not read rank " +
+                                  std::to_string(q) + "'s block of " + std::to_string(bytes) +
+                                  " bytes (process_vm_readv: " + std::strerror(error) +
+                                  "); this communicator cannot be used any more";
+      abort(ErrorCode::kUnavailable, message, rank_);
+      throw UnavailableError(message);
+    }
+    at += bytes;
+  }
+  shared_step(shared_->next_step(), call);
+}
+
+std::vector<std::string> MpiCommunicator::shared_exchange(std::string payload, const CollectiveCall& call) {
+  // Payloads up to a buffer through the buffers; larger ones through MPI,
+  // their sizes known from the first step.
+  const std::uint64_t step = shared_->next_step();
+  const bool through_buffer = payload.size() <= NodeSharedMemory::kChunkBytes;
+  if (through_buffer && !payload.empty()) std::memcpy(shared_->buffer(rank_, step), payload.data(), payload.size());
+  shared_begin(step, {.tag = call.signature_tag, .bytes = payload.size(), .kind = static_cast<std::uint32_t>(Kind::kExchange)},
+               call);
+  std::vector<int> by_mpi(static_cast<std::size_t>(size_), 0);
+  std::size_t mpi_total = 0;
+  for (int q = 0; q < size_; ++q) {
+    const std::uint64_t bytes = shared_->call(q, step).bytes;
+    if (q != rank_ && bytes > NodeSharedMemory::kChunkBytes) {
+      by_mpi[static_cast<std::size_t>(q)] = to_int(bytes, call);
+      mpi_total += bytes;
+    }
+  }
+  std::shared_ptr<std::byte> received;
+  if (mpi_total > 0 || !through_buffer) {
+    // Tensor storage, not a string: a receive left after a failure quarantines it (release()).
+    received = allocate_storage(mpi_total);
+    gather_bytes(payload.data(), through_buffer ? 0 : payload.size(), received.get(), by_mpi, call,
+                 /*place_own=*/false);
+  }
+  std::vector<std::string> out(static_cast<std::size_t>(size_));
+  std::size_t at = 0;
+  for (int q = 0; q < size_; ++q) {
+    const auto bytes = static_cast<std::size_t>(shared_->call(q, step).bytes);
+    auto& o = out[static_cast<std::size_t>(q)];
+    if (q == rank_) {
+      o = std::move(payload);
+    } else if (by_mpi[static_cast<std::size_t>(q)] > 0) {
+      o.assign(reinterpret_cast<const char*>(received.get()) + at, bytes);
+      at += bytes;
+    } else {
+      o.assign(reinterpret_cast<const char*>(shared_->buffer(q, step)), bytes);
+    }
+  }
+  return out;
+}
+
+void MpiCommunicator::shared_broadcast(void* buffer, std::size_t bytes, DType dtype, int root,
+                                       const CollectiveCall& call) {
+  const std::uint64_t step = shared_->next_step();
+  const bool through_buffer = bytes <= NodeSharedMemory::kChunkBytes;
+  if (rank_ == root && through_buffer && bytes > 0) std::memcpy(shared_->buffer(rank_, step), buffer, bytes);
+  shared_begin(step,
+               {.tag = call.signature_tag, .bytes = bytes, .kind = static_cast<std::uint32_t>(Kind::kBroadcast),
+                .dtype = static_cast<std::uint32_t>(dtype), .root = root},
+               call);
+  if (root < 0 || root >= size_) {  // the same root on every rank: every rank throws
+    throw InvalidArgumentError(label(call) + ": broadcast from rank " + std::to_string(root) + " of " +
+                               std::to_string(size_));
+  }
+  if (bytes == 0) return;
+  if (!through_buffer) {
+    broadcast_bytes(buffer, bytes, root, call);
+  } else if (rank_ != root) {
+    std::memcpy(buffer, shared_->buffer(root, step), bytes);
   }
 }
 
 void MpiCommunicator::barrier(const CollectiveCall& call) {
   Token token(*this);
   throw_if_failed();
+  if (shared_ != nullptr) {
+    shared_begin(shared_->next_step(), {.tag = call.signature_tag, .kind = static_cast<std::uint32_t>(Kind::kBarrier)},
+                 call);
+    return;
+  }
   header_round(call.signature_tag, 0, nullptr, 0, call);  // a message from every rank to every rank
 }
 

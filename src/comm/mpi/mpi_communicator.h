@@ -6,12 +6,27 @@
 // is combined in rank order by the same kernels (src/core/reduce_kernels.h),
 // so all ranks get the same bits, for every dtype and op, float16 and bfloat16
 // included, and MEAN, MIN, MAX and PRODUCT behave as documented in
-// docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces:
+// docs/semantics.md. MPI moves bytes only (MPI_BYTE); it never reduces.
+//
+// Every rank on one host (the common case of several processes per machine,
+// and ctest's): the ranks map memory they share (NodeSharedMemory), and
+// every call begins with a step there in which each rank says what it calls
+// (kind, tag, sizes) and the ranks compare, before any data is read:
+//   all_reduce up to 64 KiB: the inputs through the shared buffers in that
+//          step; every rank reduces all of them;
+//   all_reduce up to 4 MiB: chunk by chunk, rank r reduces slice r of every
+//          input in the shared buffers, every rank copies the slices out;
+//   all-gathers of blocks up to 8 KiB, broadcasts and exchanges up to
+//          512 KiB: through the shared buffers in that step;
+//   larger all-gathers: every rank reads the others' blocks where they are
+//          (process_vm_readv, the kernel's single copy), then a second step;
+//   anything larger: through MPI as between hosts, below, after that step.
+// DISTRIBUTE_MPI_SHARED_MEMORY=0 keeps every call on MPI's path, and
+// DISTRIBUTE_MPI_SINGLE_COPY=0 large all-gathers.
+//
+// Between hosts, all_reduce:
 //   small (<= 64 KiB): the inputs ride in the header round (below), and
 //          every rank reduces all of them locally;
-//   every rank on one host, up to 4 MiB: after the header round (if tagged), through
-//          memory that all ranks map (NodeSharedMemory): rank r reduces
-//          slice r of every input there, and every rank copies the slices out;
 //   medium (<= 1 MiB received per rank): every rank sends its input to every
 //          other and reduces all of them (one round);
 //   large: all-to-all of slices (rank r receives slice r of every input),
@@ -20,7 +35,7 @@
 // All data moves point to point (MPI_Isend / MPI_Irecv): OpenMPI's
 // non-blocking collectives cost microseconds of scheduling per round.
 //
-// The header round: a collective whose CollectiveCall carries a signature tag
+// The header round (between hosts): a collective whose CollectiveCall carries a signature tag
 // begins with one message from every rank to every other: a 16-byte header
 // (the tag and a size) followed by up to 64 KiB of data, received into
 // buffers of the largest size. Every kind of call begins the same way, so ranks that
@@ -85,9 +100,12 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend_name() const override { return "mpi"; }
-  // Whether all-reduces of 64 KiB to 4 MiB move through memory that all ranks map
-  // (every rank on one host, and DISTRIBUTE_MPI_SHARED_MEMORY not "0").
+  // Whether calls go through memory that all ranks map (every rank on one
+  // host, and DISTRIBUTE_MPI_SHARED_MEMORY not "0").
   bool uses_node_shared_memory() const { return shared_ != nullptr; }
+  // Whether, besides, every rank reads the others' memory with the kernel's
+  // single copy (process_vm_readv; DISTRIBUTE_MPI_SINGLE_COPY not "0").
+  bool uses_single_copy() const { return shared_ != nullptr && shared_->single_copy(); }
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -109,6 +127,17 @@ class MpiCommunicator final : public Communicator {
   // through its own buffers).
   static constexpr std::size_t kPostedGatherBytes = 16 * 1024;
   static_assert(kPostedGatherBytes <= kInlineBytes);
+  // On one host, all-gathers whose largest block is at most this many bytes
+  // move every block through the shared buffers in one step (a copy in, a
+  // copy out); larger ones read every block where it is with the kernel's
+  // single copy (single_copy_gather), if it can be had. Measured at 2
+  // workers (docs/benchmarks.md, multi-worker): with 16 KiB blocks the
+  // single copy took 5.0-5.7 us and the buffers 4.0-4.3, but 13.5 in one of
+  // three runs, when the host was in a state that slows memory shared
+  // between processes; with 32 KiB blocks, 6.9-8.4 us against 7.7 (25 in
+  // that run).
+  static constexpr std::size_t kSharedGatherBytes = 8 * 1024;
+  static_assert(kSharedGatherBytes <= NodeSharedMemory::kChunkBytes);
 
  private:
   struct Header {
@@ -192,19 +221,39 @@ class MpiCommunicator final : public Communicator {
   std::size_t me() const { return static_cast<std::size_t>(rank_); }
   void check(int mpi_result, const char* what, const CollectiveCall& call);
   void throw_if_failed();
-  // all_reduce through node shared memory (shared_), after the tags agree:
-  // chunk by chunk, two steps of every rank per chunk. A chunk's writes into
-  // the shared buffers come after every rank has finished reading them for
-  // the chunk before: the input buffer after the step that ends the
-  // reductions, the output buffer after the next chunk's (or call's) first
-  // step, which every rank takes only once it has copied out.
+  // On one host (shared_), every call begins with a step of its own whose
+  // data (if any) the caller has written into this rank's buffer of that
+  // step: shared_begin publishes `mine` as step `step`, waits until every
+  // rank has taken it, and compares what they said. Tags that differ (or an
+  // odd tag): SignatureMismatch on every rank, the communicator still usable.
+  // Calls that differ otherwise (untagged calls of different kinds, sizes or
+  // layouts of an all-gather's blocks): InvalidArgumentError on every rank,
+  // the communicator closed.
+  enum class Kind : std::uint32_t { kExchange = 1, kAllReduce, kAllGather, kBroadcast, kBarrier };
+  void shared_begin(std::uint64_t step, const NodeSharedMemory::Call& mine, const CollectiveCall& call);
+  // Before data moves through MPI: shared_begin on one host (a step without
+  // data), else the header round with the tag, if the call has one.
+  void agree(const NodeSharedMemory::Call& mine, const CollectiveCall& call);
+  // This rank has finished `step`; waits until every rank has.
+  void shared_step(std::uint64_t step, const CollectiveCall& call);
+  // all_reduce through node shared memory, chunk by chunk, two steps per
+  // chunk: every rank writes the slices of its input that others reduce into
+  // its buffer; rank r reduces slice r of every input into its next buffer;
+  // every rank copies the reduced slices out. The first chunk's first step
+  // is the call's shared_begin.
   void shared_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                         std::int64_t divisor, const CollectiveCall& call);
-  // At the first step of a shared all-reduce: throws InvalidArgumentError (on
-  // every rank, the communicator closed) if any rank's call differs.
-  void check_shared_fingerprints(const NodeSharedMemory::Fingerprint& mine, const CollectiveCall& call);
-  // This rank has finished a step; waits until every rank has.
-  void shared_step(const CollectiveCall& call);
+                         std::int64_t divisor, const NodeSharedMemory::Call& mine, const CollectiveCall& call);
+  // all_gather_v of bytes (outer == 1) on one host with single_copy(): two
+  // steps, the blocks read where they are in between.
+  void single_copy_gather(const void* send, std::size_t send_bytes, std::byte* recv, const std::vector<int>& counts,
+                          NodeSharedMemory::Call mine, const CollectiveCall& call);
+  // The calls of one host: exchange, all_gather_v of blocks up to
+  // NodeSharedMemory::kChunkBytes, and broadcast (from the shared buffers up
+  // to kChunkBytes; larger, the data through MPI after shared_begin).
+  std::vector<std::string> shared_exchange(std::string payload, const CollectiveCall& call);
+  void shared_broadcast(void* buffer, std::size_t bytes, DType dtype, int root, const CollectiveCall& call);
+  // The root sends `bytes` to every other rank, point to point.
+  void broadcast_bytes(void* buffer, std::size_t bytes, int root, const CollectiveCall& call);
   // all_gather_v of bytes, outer == 1 (`place_own`: as posted_gather's).
   void gather_bytes(const void* send, std::size_t send_bytes, void* recv, const std::vector<int>& counts,
                     const CollectiveCall& call, bool place_own = true);

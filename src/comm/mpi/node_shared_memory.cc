@@ -2,7 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <array>
@@ -16,8 +20,8 @@ namespace distribute::internal {
 namespace {
 
 // Each rank's area: its step counter alone on the first page (with, in rank
-// 0's, the object's nonce and, in every rank's, the fingerprint of its call),
-// then its input and output buffers.
+// 0's, the object's nonce and, in every rank's, the two slots of its calls),
+// then its two buffers.
 std::size_t page_bytes() {
   const long page = sysconf(_SC_PAGESIZE);
   return page > 0 ? static_cast<std::size_t>(page) : 4096;
@@ -26,9 +30,11 @@ std::size_t counter_bytes() { return std::max<std::size_t>(4096, page_bytes()); 
 std::size_t area_bytes() { return counter_bytes() + 2 * NodeSharedMemory::kChunkBytes; }
 // Where rank 0's counter page holds the nonce that tells the ranks they
 // mapped the same object, and where every counter page holds its rank's
-// call's fingerprint (each on a cache line of its own, past the counter's).
+// two call slots (each on a cache line of its own, past the counter's).
 constexpr std::size_t kNonceOffset = 64;
-constexpr std::size_t kFingerprintOffset = 128;
+constexpr std::size_t kCallsOffset = 128;
+constexpr std::size_t kCacheLine = 64;
+static_assert(sizeof(NodeSharedMemory::Call) <= kCacheLine);
 
 // Whether every rank of `comm` says yes (no, if MPI fails).
 bool all_agree(bool yes, MPI_Comm comm) {
@@ -116,8 +122,9 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
       for (int q = 0; q < size; ++q) {
         std::byte* area = base + area_bytes() * static_cast<std::size_t>(q);
         shared->areas_.push_back(Area{reinterpret_cast<std::atomic<std::uint64_t>*>(area),
-                                      reinterpret_cast<Fingerprint*>(area + kFingerprintOffset),
-                                      area + counter_bytes(), area + counter_bytes() + kChunkBytes});
+                                      {reinterpret_cast<Call*>(area + kCallsOffset),
+                                       reinterpret_cast<Call*>(area + kCallsOffset + kCacheLine)},
+                                      {area + counter_bytes(), area + counter_bytes() + kChunkBytes}});
       }
       shared->sources_.resize(static_cast<std::size_t>(size));
       // The owner touches its own buffers (its pages on its own NUMA node)
@@ -140,7 +147,52 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
     for (std::size_t at = 0; at < area_bytes(); at += page_bytes()) static_cast<void>(area[at]);
   }
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the step counters are shared between processes");
+  shared->single_copy_ = shared->try_single_copy(comm, rank, size, invitation.nonce);
   return shared;
+}
+
+bool NodeSharedMemory::try_single_copy(MPI_Comm comm, int rank, int size, std::uint64_t nonce) {
+  // Every rank publishes its pid and the address of a word that holds the
+  // nonce and its rank, and reads every other's: the kernel may forbid it
+  // (ptrace rules, containers), and then no rank uses it.
+  const char* wanted = std::getenv("DISTRIBUTE_MPI_SINGLE_COPY");
+  const volatile std::uint64_t probe = nonce ^ static_cast<std::uint64_t>(rank);
+  struct Published {
+    std::int64_t pid = 0;
+    std::uint64_t address = 0;
+  };
+  Published mine{static_cast<std::int64_t>(getpid()), reinterpret_cast<std::uint64_t>(&probe)};
+  std::vector<Published> all(static_cast<std::size_t>(size));
+  bool ok = wanted == nullptr || std::strcmp(wanted, "0") != 0;
+  if (MPI_Allgather(&mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(), static_cast<int>(sizeof mine),
+                    MPI_BYTE, comm) != MPI_SUCCESS) {
+    ok = false;
+  }
+  for (int q = 0; q < size && ok; ++q) {
+    pids_.push_back(static_cast<pid_t>(all[static_cast<std::size_t>(q)].pid));
+    std::uint64_t theirs = 0;
+    ok = q == rank || (read(q, all[static_cast<std::size_t>(q)].address, &theirs, sizeof theirs) &&
+                       theirs == (nonce ^ static_cast<std::uint64_t>(q)));
+  }
+  // `probe` lives until every rank has voted, so until every read is done.
+  return all_agree(ok, comm);
+}
+
+bool NodeSharedMemory::read(int rank, std::uint64_t address, void* into, std::size_t bytes) const {
+  auto* out = static_cast<std::byte*>(into);
+  while (bytes > 0) {
+    // The kernel may move less than asked (it stops at a page it cannot
+    // read, or after MAX_RW_COUNT bytes): go on from there.
+    iovec local{out, bytes};
+    iovec remote{reinterpret_cast<void*>(address), bytes};
+    const ssize_t moved = process_vm_readv(pids_[static_cast<std::size_t>(rank)], &local, 1, &remote, 1, 0);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) return false;
+    out += moved;
+    address += static_cast<std::uint64_t>(moved);
+    bytes -= static_cast<std::size_t>(moved);
+  }
+  return true;
 }
 
 NodeSharedMemory::~NodeSharedMemory() {

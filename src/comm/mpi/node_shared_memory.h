@@ -7,16 +7,22 @@
 // where MPI between processes moves them with the kernel's single copy
 // (process_vm_readv, about 5 to 7 GB/s on this project's machines).
 //
-// Each rank owns one area: a step counter and the fingerprint of its call (on
-// a page of their own), an input buffer and an output buffer of kChunkBytes
-// each. Every rank reads every
-// other rank's area; only its owner writes it. A rank says it has finished a
-// step by storing the step's number in its counter (release); others wait
-// until every counter has reached it (acquire). The waiting itself is the
-// communicator's (MpiCommunicator::poll: timeout, failure notices, yielding).
+// Each rank owns one area: a step counter (on a page of its own, with two
+// slots for what it says of its calls) and two buffers of kChunkBytes. Every
+// rank reads every other rank's area; only its owner writes it. A rank says
+// it has finished a step by storing the step's number in its counter
+// (release); others wait until every counter has reached it (acquire).
+//
+// Slots and buffers alternate with the step's parity: what a rank writes
+// before step s goes into slot and buffer s % 2, and every rank finishes
+// reading step s's before it takes step s + 1. So the writes for step s + 2,
+// made once every rank has taken step s + 1, never meet a reader. The waiting
+// itself is the communicator's (MpiCommunicator::poll: timeout, failure
+// notices, yielding).
 #pragma once
 
 #include <mpi.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -32,14 +38,20 @@ class NodeSharedMemory {
   // enough that a chunk stays in a core's cache between its steps.
   static constexpr std::size_t kChunkBytes = std::size_t{512} << 10;
 
-  // What a rank says of its call, so that ranks that disagree (untagged
-  // calls of different sizes, which no header round compared) find out
-  // before they read each other's buffers.
-  struct Fingerprint {
-    std::uint64_t bytes = 0;
+  // What a rank says of its call at the call's first step, so that ranks
+  // whose calls differ find out before they read each other's data.
+  // Every field but `bytes` (of an exchange) and `address` is the same on
+  // every rank of a matching call, so that every rank that compares its own
+  // with the others' reaches the same verdict.
+  struct Call {
+    std::uint64_t tag = 0;      // the signature tag (0: none)
+    std::uint64_t bytes = 0;    // the bytes this rank sends
+    std::uint64_t layout = 0;   // an all-gather's: every rank's block size, hashed
+    std::uint64_t address = 0;  // where this rank's data is, for single_copy() reads
+    std::uint32_t kind = 0;
     std::uint32_t dtype = 0;
     std::uint32_t op = 0;
-    friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+    std::int32_t root = 0;
   };
 
   // Collective over `comm` (rank `rank` of `size`); every rank must call it
@@ -53,9 +65,19 @@ class NodeSharedMemory {
   NodeSharedMemory(const NodeSharedMemory&) = delete;
   NodeSharedMemory& operator=(const NodeSharedMemory&) = delete;
 
-  std::byte* input(int rank) const { return areas_[static_cast<std::size_t>(rank)].input; }
-  std::byte* output(int rank) const { return areas_[static_cast<std::size_t>(rank)].output; }
-  Fingerprint& fingerprint(int rank) const { return *areas_[static_cast<std::size_t>(rank)].fingerprint; }
+  // Rank `rank`'s slot and buffer (kChunkBytes) of step `step`.
+  Call& call(int rank, std::uint64_t step) const { return *areas_[static_cast<std::size_t>(rank)].calls[step & 1]; }
+  std::byte* buffer(int rank, std::uint64_t step) const {
+    return areas_[static_cast<std::size_t>(rank)].buffers[step & 1];
+  }
+  // Whether every rank can read every other's memory with the kernel's
+  // single copy (process_vm_readv, as MPI does between processes on one
+  // host), found by trying at setup; DISTRIBUTE_MPI_SINGLE_COPY=0 on any
+  // rank turns it off.
+  bool single_copy() const { return single_copy_; }
+  // Copies `bytes` at `address` in rank `rank`'s memory into `into`; false
+  // (errno set) if the kernel refuses (the process gone, the address bad).
+  bool read(int rank, std::uint64_t address, void* into, std::size_t bytes) const;
   // One source pointer per rank, for the reductions (no allocation per call).
   std::vector<const void*>& sources() { return sources_; }
   // This rank has finished `step`.
@@ -75,16 +97,19 @@ class NodeSharedMemory {
  private:
   struct Area {
     std::atomic<std::uint64_t>* step = nullptr;
-    Fingerprint* fingerprint = nullptr;
-    std::byte* input = nullptr;
-    std::byte* output = nullptr;
+    Call* calls[2] = {};
+    std::byte* buffers[2] = {};
   };
   NodeSharedMemory() = default;
+  // Collective: whether single_copy() works between every pair of ranks.
+  bool try_single_copy(MPI_Comm comm, int rank, int size, std::uint64_t nonce);
   void* mapping_ = nullptr;
   std::size_t mapping_bytes_ = 0;
   std::vector<Area> areas_;
   std::vector<const void*> sources_;
   std::uint64_t steps_ = 0;
+  std::vector<pid_t> pids_;  // every rank's process
+  bool single_copy_ = false;
 };
 
 }  // namespace distribute::internal
