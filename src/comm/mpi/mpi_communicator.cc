@@ -437,6 +437,7 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
                                    const std::vector<int>& counts, const CollectiveCall& call, bool place_own) {
   // Point to point: every rank sends its block to every other (messages
   // between two ranks are matched in order, so one tag serves every call).
+  const int bytes = to_int(send_bytes, call);  // before any receive is posted
   auto* out = static_cast<std::byte*>(recv);
   std::vector<MPI_Request> requests;
   requests.reserve(2 * counts.size());
@@ -452,7 +453,6 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
     }
     at += static_cast<std::size_t>(counts[q]);
   }
-  const int bytes = to_int(send_bytes, call);
   const int receives = static_cast<int>(requests.size());
   for (int q = 0; q < size_ && bytes > 0; ++q) {
     if (q == rank_) continue;
@@ -703,7 +703,16 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
     // buffer, laid out below); with a tag, its header round alongside.
     std::byte* into = static_cast<std::byte*>(recv);
     if (outer != 1) {
-      staged = allocate_storage(total);
+      try {
+        staged = allocate_storage(total);
+      } catch (const std::bad_alloc&) {
+        // The others are about to wait for this rank: fail the group rather than leave them waiting.
+        const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not allocate " +
+                                    std::to_string(total) + " bytes to stage an all-gather; this communicator "
+                                    "cannot be used any more";
+        abort(ErrorCode::kUnavailable, message, rank_);
+        throw UnavailableError(message);
+      }
       into = staged.get();
     }
     // (A receive that a failure leaves pending quarantines `into`, the
@@ -780,7 +789,7 @@ std::string describe(const NodeSharedMemory::Call& c) {
   switch (c.kind) {
     case 1: return "an exchange";
     case 2: return "an all-reduce of " + bytes + " (" + std::string(to_string(static_cast<ReduceOp>(c.op))) + ")";
-    case 3: return "an all-gather sending " + bytes + " (another layout of the ranks' blocks)";
+    case 3: return "an all-gather sending " + bytes;
     case 4: return "a broadcast of " + bytes + " from rank " + std::to_string(c.root);
     case 5: return "a barrier";
     default: return "a call of unknown kind " + std::to_string(c.kind);
@@ -904,7 +913,24 @@ void MpiCommunicator::single_copy_gather(const void* send, std::size_t send_byte
     }
     at += bytes;
   }
-  shared_step(shared_->next_step(), call);
+  const std::uint64_t read = shared_->next_step();
+  try {
+    shared_step(read, call);
+  } catch (...) {
+    // Failing here (a timeout, an abort, a peer's notice), this rank must
+    // not hand `send` back while peers may still be reading it: they would
+    // finish this step (this rank took it) with a torn block. A moment for
+    // them, as release() gives pending receives; then `send` is quarantined.
+    const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
+    while (!shared_->all_reached(read) && Clock::now() < give_up) std::this_thread::yield();
+    if (!shared_->all_reached(read) && send_bytes > 0) {
+      try {
+        quarantine_storage(send, send_bytes);
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    throw;
+  }
 }
 
 std::vector<std::string> MpiCommunicator::shared_exchange(std::string payload, const CollectiveCall& call) {
@@ -919,6 +945,7 @@ std::vector<std::string> MpiCommunicator::shared_exchange(std::string payload, c
   std::size_t mpi_total = 0;
   for (int q = 0; q < size_; ++q) {
     const std::uint64_t bytes = shared_->call(q, step).bytes;
+    static_cast<void>(to_int(bytes, call));  // every rank sees every size: all throw, before any MPI call
     if (q != rank_ && bytes > NodeSharedMemory::kChunkBytes) {
       by_mpi[static_cast<std::size_t>(q)] = to_int(bytes, call);
       mpi_total += bytes;

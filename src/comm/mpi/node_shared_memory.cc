@@ -71,28 +71,38 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
   Invitation invitation;
   void* mapping = MAP_FAILED;
   if (rank == 0) {
-    // A name of its own (a leftover of a killed job may hold one: another
-    // try), with the space reserved now: tmpfs grants pages only when they
-    // are first written, and a full /dev/shm would then kill the process
-    // with SIGBUS instead of failing here.
-    static std::atomic<unsigned> made{0};
-    std::random_device random;
-    invitation.nonce = (std::uint64_t{random()} << 32) ^ random() ^ static_cast<std::uint64_t>(getpid());
-    for (int attempt = 0; attempt < 8 && mapping == MAP_FAILED; ++attempt) {
-      std::snprintf(invitation.name.data(), invitation.name.size(), "/distribute-%ld-%u-%u",
-                    static_cast<long>(getpid()), made.fetch_add(1), static_cast<unsigned>(random() % 100000));
-      const int fd = shm_open(invitation.name.data(), O_RDWR | O_CREAT | O_EXCL, 0600);
-      if (fd < 0) continue;
-      if (posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
-        mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // (No exception may leave before the broadcast below: the others wait there.)
+    try {
+      // A name of its own (a leftover of a killed job may hold one: another
+      // try), with the space reserved now: tmpfs grants pages only when they
+      // are first written, and a full /dev/shm would then kill the process
+      // with SIGBUS instead of failing here.
+      static std::atomic<unsigned> made{0};
+      std::random_device random;
+      invitation.nonce = (std::uint64_t{random()} << 32) ^ random() ^ static_cast<std::uint64_t>(getpid());
+      for (int attempt = 0; attempt < 8 && mapping == MAP_FAILED; ++attempt) {
+        std::snprintf(invitation.name.data(), invitation.name.size(), "/distribute-%ld-%u-%u",
+                      static_cast<long>(getpid()), made.fetch_add(1), static_cast<unsigned>(random() % 100000));
+        const int fd = shm_open(invitation.name.data(), O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) continue;
+        if (posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
+          mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        }
+        close(fd);
+        if (mapping == MAP_FAILED) shm_unlink(invitation.name.data());
       }
-      close(fd);
-      if (mapping == MAP_FAILED) shm_unlink(invitation.name.data());
-    }
-    if (mapping == MAP_FAILED) {
+      if (mapping == MAP_FAILED) {
+        invitation.name[0] = '\0';
+      } else {
+        std::memcpy(static_cast<std::byte*>(mapping) + kNonceOffset, &invitation.nonce, sizeof invitation.nonce);
+      }
+    } catch (...) {
+      if (mapping != MAP_FAILED) {
+        munmap(mapping, bytes);
+        mapping = MAP_FAILED;
+        shm_unlink(invitation.name.data());
+      }
       invitation.name[0] = '\0';
-    } else {
-      std::memcpy(static_cast<std::byte*>(mapping) + kNonceOffset, &invitation.nonce, sizeof invitation.nonce);
     }
   }
   if (MPI_Bcast(&invitation, static_cast<int>(sizeof invitation), MPI_BYTE, 0, comm) != MPI_SUCCESS) {
@@ -187,6 +197,7 @@ bool NodeSharedMemory::read(int rank, std::uint64_t address, void* into, std::si
     iovec remote{reinterpret_cast<void*>(address), bytes};
     const ssize_t moved = process_vm_readv(pids_[static_cast<std::size_t>(rank)], &local, 1, &remote, 1, 0);
     if (moved < 0 && errno == EINTR) continue;
+    if (moved == 0) errno = EFAULT;  // nothing moved, nothing said: the address is bad
     if (moved <= 0) return false;
     out += moved;
     address += static_cast<std::uint64_t>(moved);

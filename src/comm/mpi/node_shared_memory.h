@@ -40,9 +40,10 @@ class NodeSharedMemory {
 
   // What a rank says of its call at the call's first step, so that ranks
   // whose calls differ find out before they read each other's data.
-  // Every field but `bytes` (of an exchange) and `address` is the same on
-  // every rank of a matching call, so that every rank that compares its own
-  // with the others' reaches the same verdict.
+  // Every field but `address`, and `bytes` of an exchange or an all-gather
+  // (whose `layout` says every rank's), is the same on every rank of a
+  // matching call, so that every rank that compares its own with the
+  // others' reaches the same verdict.
   struct Call {
     std::uint64_t tag = 0;      // the signature tag (0: none)
     std::uint64_t bytes = 0;    // the bytes this rank sends
