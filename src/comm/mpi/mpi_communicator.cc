@@ -944,11 +944,11 @@ std::vector<std::string> MpiCommunicator::shared_exchange(std::string payload, c
   std::vector<int> by_mpi(static_cast<std::size_t>(size_), 0);
   std::size_t mpi_total = 0;
   for (int q = 0; q < size_; ++q) {
-    const std::uint64_t bytes = shared_->call(q, step).bytes;
-    static_cast<void>(to_int(bytes, call));  // every rank sees every size: all throw, before any MPI call
-    if (q != rank_ && bytes > NodeSharedMemory::kChunkBytes) {
-      by_mpi[static_cast<std::size_t>(q)] = to_int(bytes, call);
-      mpi_total += bytes;
+    // Every rank sees every size: a size over MPI's limit throws on all, before any MPI call.
+    const int bytes = to_int(shared_->call(q, step).bytes, call);
+    if (q != rank_ && static_cast<std::size_t>(bytes) > NodeSharedMemory::kChunkBytes) {
+      by_mpi[static_cast<std::size_t>(q)] = bytes;
+      mpi_total += static_cast<std::size_t>(bytes);
     }
   }
   std::shared_ptr<std::byte> received;
