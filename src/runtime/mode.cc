@@ -55,7 +55,7 @@ bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const M
   // merge_call_impl), run their share, and arrive at the second.
   group.arrive(0, {.send = &kMergeTaskMark, .object = std::const_pointer_cast<MergeTask>(task)}, rounds);
   task->run(0, group.size());
-  group.arrive(0, {}, rounds);
+  group.release(0, rounds);  // the paused replicas write into the destinations until then
   return true;
 }
 

@@ -544,7 +544,7 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
       if (entries[0].send != &internal::kMergeTaskMark) return entries[0].object;
       const auto task = std::static_pointer_cast<const internal::MergeTask>(entries[0].object);
       task->run(local_id_, ch.local->size());
-      ch.local->arrive(local_id_, {}, wait_result);
+      ch.local->release(local_id_, wait_result);
     }
   } catch (const Error&) {
     // Released by replica 0's failed merge_fn: an agreed failure is agreed here too.

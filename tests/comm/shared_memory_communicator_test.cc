@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <thread>
 #include <tuple>
 
 #include "testing/reduce_reference.h"
@@ -422,6 +426,110 @@ TEST(AllReduceAbortTest, AbortReleasesRanksWaitingInAllReduce) {
   });
   ASSERT_TRUE(errors[0]);
   EXPECT_THROW(std::rethrow_exception(errors[0]), AbortedError);
+}
+
+// A member that leaves a collective with an error must not leave while
+// another still writes into its buffers (all_reduce and broadcast copy into
+// the other members' outputs between their two rounds; all_gather reads
+// their inputs). Members arrive at random moments and an abort lands at a
+// random moment: before the data round completes (every member must then
+// raise, and nobody may go on to copy) or during the copies (everyone
+// finishes them, and the abort is raised by the next call). A member that
+// raised fills its output with a canary at once; once every member has
+// returned, the canary must be intact. (When members left the last round on
+// an abort without waiting for the others, most runs wrote into a returned
+// member's output.)
+TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
+  constexpr int kMembers = 3;
+  constexpr std::size_t kCount = 1 << 20;  // 4 MiB of float32: the bandwidth paths
+  constexpr float kCanary = -7.f;
+  std::mt19937 rng(12345);
+  int raised_in_call = 0, raised_after = 0;
+  for (const char* op : {"all_reduce", "broadcast", "all_gather"}) {
+    std::vector<std::vector<float>> out(kMembers, std::vector<float>(kCount * kMembers, 0.f));
+    auto run_call = [&](SharedMemoryCommunicator& comm, int r, const float* in) {
+      auto& mine = out[static_cast<std::size_t>(r)];
+      if (std::string_view(op) == "all_reduce") {
+        comm.all_reduce(in, mine.data(), kCount, DType::kFloat32, ReduceOp::kSum, call(op));
+      } else if (std::string_view(op) == "broadcast") {
+        comm.broadcast(mine.data(), kCount * kMembers, DType::kFloat32, 0, call(op));
+      } else {
+        std::vector<std::size_t> counts(kMembers, kCount);
+        comm.all_gather_v(in, mine.data(), counts, 1, DType::kFloat32, call(op));
+      }
+    };
+    // The moments are drawn relative to how long one call takes in this
+    // build (sanitizers are many times slower).
+    const std::vector<float> ones(kCount, 1.f);
+    auto calibration_group = std::make_shared<LocalGroup>(kMembers);
+    std::vector<double> seconds(kMembers);
+    run_threads(kMembers, [&](int r) {
+      SharedMemoryCommunicator comm(calibration_group, r);
+      for (int i = 0; i < 3; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run_call(comm, r, ones.data());
+        seconds[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+    });
+    const auto one_call = std::chrono::duration<double>(*std::max_element(seconds.begin(), seconds.end()));
+    for (int run = 0; run < 30; ++run) {
+      SCOPED_TRACE(std::string(op) + " run " + std::to_string(run));
+      auto group = std::make_shared<LocalGroup>(kMembers);
+      std::uniform_real_distribution<double> fraction(0, 1);
+      const auto abort_at = std::chrono::duration_cast<std::chrono::microseconds>(1.5 * fraction(rng) * one_call);
+      std::vector<std::chrono::microseconds> arrive_at;
+      for (int r = 0; r < kMembers; ++r) {
+        arrive_at.push_back(std::chrono::duration_cast<std::chrono::microseconds>(0.5 * fraction(rng) * one_call));
+      }
+      std::vector<std::vector<float>> in(kMembers, ones);
+      std::vector<int> raised(kMembers, 0);
+      std::atomic<bool> aborted{false};
+      std::atomic<int> returned{0};
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(abort_at);
+        group->abort(ErrorCode::kAborted, "stop", 0);
+        aborted = true;
+      });
+      auto errors = run_threads(kMembers, [&](int r) {
+        SharedMemoryCommunicator comm(group, r);
+        auto& mine = out[static_cast<std::size_t>(r)];
+        std::this_thread::sleep_for(arrive_at[static_cast<std::size_t>(r)]);
+        try {
+          run_call(comm, r, in[static_cast<std::size_t>(r)].data());
+        } catch (const AbortedError&) {
+          raised[static_cast<std::size_t>(r)] = 1;
+          std::fill(mine.begin(), mine.end(), kCanary);
+          // Under ASan a late reader of this input is caught too.
+          in[static_cast<std::size_t>(r)] = std::vector<float>();
+        }
+        ++returned;
+        while (returned.load() < kMembers) std::this_thread::yield();
+        // The abort is never lost: a member that finished the call raises it in the next.
+        while (!aborted.load()) std::this_thread::yield();
+        if (!raised[static_cast<std::size_t>(r)]) {
+          EXPECT_THROW(comm.barrier(call("barrier")), AbortedError);
+          raised[static_cast<std::size_t>(r)] = 2;
+        }
+      });
+      aborter.join();
+      for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
+      // One verdict for the call: all raised in it, or none did.
+      EXPECT_EQ(std::count(raised.begin(), raised.end(), 1) % kMembers, 0);
+      for (int r = 0; r < kMembers; ++r) {
+        if (raised[static_cast<std::size_t>(r)] != 1) {
+          ++raised_after;
+          continue;
+        }
+        ++raised_in_call;
+        const auto& mine = out[static_cast<std::size_t>(r)];
+        const auto wrong = std::count_if(mine.begin(), mine.end(), [&](float v) { return v != kCanary; });
+        EXPECT_EQ(wrong, 0) << "member " << r << " raised, yet its output was written after it returned";
+      }
+    }
+  }
+  // Both kinds of moment happened.
+  EXPECT_GT(raised_in_call, 0);
+  EXPECT_GT(raised_after, 0);
 }
 
 }  // namespace

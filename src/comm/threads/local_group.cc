@@ -109,16 +109,18 @@ void LocalGroup::fail_locked(ErrorCode code, std::string message, int origin) {
   cv_.notify_all();
 }
 
-const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
+std::uint64_t LocalGroup::publish_arrival(int member, Entry entry, const CollectiveCall& call) {
   Member& me = members_[static_cast<std::size_t>(member)];
-  if (failed_.load(std::memory_order_acquire)) throw_failure();
   const std::uint64_t round = me.rounds.load(std::memory_order_relaxed);  // written by this thread only
-  std::vector<Entry>& slots = slots_[round & 1];
-  slots[static_cast<std::size_t>(member)] = std::move(entry);
+  slots_[round & 1][static_cast<std::size_t>(member)] = std::move(entry);
   me.last_op.store(call.op.data(), std::memory_order_relaxed);
   me.last_op_len.store(call.op.size(), std::memory_order_relaxed);
   me.last_sequence.store(call.sequence, std::memory_order_relaxed);
   me.rounds.store(round + 1, std::memory_order_release);
+  return round;
+}
+
+void LocalGroup::count_arrival(int member, std::uint64_t round, const CollectiveCall& call, bool release) {
   const std::uint64_t total = arrivals_.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (total == static_cast<std::uint64_t>(size_) * (round + 1)) {
     generation_.store(round + 1, std::memory_order_seq_cst);
@@ -127,9 +129,16 @@ const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry
       cv_.notify_all();
     }
   } else {
-    wait_for_round(member, round, call);
+    wait_for_round(member, round, call, release);
   }
+}
+
+const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
+  if (failed_.load(std::memory_order_acquire)) throw_failure();
+  const std::uint64_t round = publish_arrival(member, std::move(entry), call);
+  count_arrival(member, round, call, /*release=*/false);
   // The signature tags of a collective's first round must all agree.
+  const std::vector<Entry>& slots = slots_[round & 1];
   bool tagged = false, differ = false;
   const std::uint64_t tag0 = slots[0].tag;
   for (const Entry& e : slots) {
@@ -140,7 +149,22 @@ const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry
   return slots;
 }
 
-void LocalGroup::wait_for_round(int member, std::uint64_t round, const CollectiveCall& call) {
+void LocalGroup::release(int member, const CollectiveCall& call) {
+  // No check of failed_ first: the others may be waiting for this arrival.
+  const std::uint64_t round = publish_arrival(member, Entry{}, call);
+  count_arrival(member, round, call, /*release=*/true);
+}
+
+bool LocalGroup::withdraw(std::uint64_t round) {
+  const std::uint64_t complete = static_cast<std::uint64_t>(size_) * (round + 1);
+  std::uint64_t seen = arrivals_.load(std::memory_order_acquire);
+  while (seen < complete) {
+    if (arrivals_.compare_exchange_weak(seen, seen - 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;  // the last member arrived: the round has completed
+}
+
+void LocalGroup::wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, bool release) {
   if (spin_microseconds_ > 0) {
     const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_microseconds_);
     const unsigned check_every = yield_while_waiting_ ? 1 : 64;
@@ -151,7 +175,10 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
       } else {
         cpu_relax();
       }
-      if (i % check_every == 0 && (failed_.load(std::memory_order_relaxed) || Clock::now() >= spin_until)) break;
+      if (i % check_every == 0 &&
+          ((!release && failed_.load(std::memory_order_relaxed)) || Clock::now() >= spin_until)) {
+        break;
+      }
     }
   }
 
@@ -163,20 +190,34 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
   } guard{sleepers_};
 
   const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = after(start, call.timeout_seconds);
+  // A release round has no deadline: everyone comes after its copies.
+  const Clock::time_point deadline = release ? Clock::time_point::max() : after(start, call.timeout_seconds);
   Clock::time_point stall_at = after(start, call.stall_warning_seconds);
+  // Once the round is known to have completed (a withdrawal came too late),
+  // only its generation is awaited: the last member is about to publish it.
+  bool completing = false;
   while (true) {
     if (generation_.load(std::memory_order_seq_cst) > round) return;
-    if (failed_.load(std::memory_order_acquire)) throw_failure_locked();
+    if (!completing && !release && failed_.load(std::memory_order_acquire)) {
+      if (withdraw(round)) throw_failure_locked();
+      completing = true;
+      continue;
+    }
     // A member that has returned from its replica function can never arrive.
+    // (In a release round, only once every other member is here: the ones on
+    // their way may still be writing into this member's buffers.)
     std::string gone;
-    for (int q = 0; q < size_; ++q) {
+    bool others_here = true;
+    for (int q = 0; q < size_ && !completing; ++q) {
       const Member& other = members_[static_cast<std::size_t>(q)];
-      if (other.rounds.load(std::memory_order_acquire) <= round && other.done.load(std::memory_order_acquire)) {
+      if (other.rounds.load(std::memory_order_acquire) > round) continue;
+      if (other.done.load(std::memory_order_acquire)) {
         gone += (gone.empty() ? "" : ", ") + std::to_string(q);
+      } else {
+        others_here = false;
       }
     }
-    if (!gone.empty()) {
+    if (!gone.empty() && (!release || others_here)) {
       const std::string label = op_label(call.op, call.sequence);
       std::string msg;
       if (call.op == "merge_call") {
@@ -188,10 +229,14 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
               " returned from the replica function without calling it, while replica(s) " +
               list_members(round, true) + " wait in it. Every replica must call the same collectives in the same order.";
       }
+      if (!withdraw(round)) {
+        completing = true;
+        continue;
+      }
       fail_locked(ErrorCode::kFailedPrecondition, std::move(msg), member);
       throw_failure_locked();
     }
-    const Clock::time_point wake = std::min(deadline, stall_at);
+    const Clock::time_point wake = completing ? Clock::time_point::max() : std::min(deadline, stall_at);
     if (wake == Clock::time_point::max()) {
       cv_.wait(lock);
       continue;
@@ -205,6 +250,10 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
       msg << label << " timed out after " << call.timeout_seconds << " s: replica(s) " << list_members(round, false)
           << " did not arrive (" << describe_missing(round) << "); replica(s) " << list_members(round, true)
           << " were waiting.";
+      if (!withdraw(round)) {
+        completing = true;
+        continue;
+      }
       fail_locked(ErrorCode::kDeadlineExceeded, msg.str(), member);
       throw_failure_locked();
     }

@@ -60,7 +60,20 @@ class LocalGroup {
   // Publishes `entry` for this round and waits for every member. Returns all
   // members' entries, in member order. If any entry carries a tag and the tags
   // differ (or one has bit 0 set), throws SignatureMismatch on every member.
+  // A member that leaves a round on a failure (an abort, a timeout, a member
+  // that is done) withdraws its arrival first, so that the round can no
+  // longer complete behind its back; if every member had already arrived,
+  // the round completed and it goes on as the others do.
   const std::vector<Entry>& arrive(int member, Entry entry, const CollectiveCall& call);
+
+  // The last round of a collective whose members read or write each other's
+  // buffers after its data round: every member passed that round together
+  // and comes here after a bounded amount of copying, so this waits for all
+  // of them whatever happens meanwhile (no timeout; an abort is raised once
+  // all are here). A member that left early could free a buffer that another
+  // still writes into. Only a member that has returned from its replica
+  // function (it can never come) ends the wait with an error.
+  void release(int member, const CollectiveCall& call);
 
   // kInlineBytes that `member` may fill before its next arrive() and pass as
   // its entry's `send`; others may read it until the member's round after next.
@@ -86,7 +99,15 @@ class LocalGroup {
     std::byte* inline_area[2] = {nullptr, nullptr};
   };
 
-  void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call);
+  // Publishes this member's arrival at its next round; returns that round.
+  std::uint64_t publish_arrival(int member, Entry entry, const CollectiveCall& call);
+  // Counts the arrival; the last member completes the round, the others wait
+  // (`release`: as release() waits).
+  void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, bool release);
+  void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, bool release);
+  // Takes back an arrival at `round`, so that the round can never complete;
+  // false if it already has (every member arrived): then go on with it.
+  bool withdraw(std::uint64_t round);
   [[noreturn]] void throw_failure_locked() const;
   [[noreturn]] void throw_failure() const;
   void fail_locked(ErrorCode code, std::string message, int origin);

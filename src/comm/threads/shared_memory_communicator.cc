@@ -122,7 +122,7 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
       if (q != rank_) std::memcpy(static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv) + at * esz, out, len * esz);
     }
   }
-  if (n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still use its buffers
+  if (n > 1) group_->release(rank_, call);  // nobody leaves while others still use its buffers
 }
 
 void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
@@ -160,7 +160,7 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
       }
     }
   }
-  group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still use its buffers
+  group_->release(rank_, call);  // nobody leaves while others still use its buffers
 }
 
 void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
@@ -204,7 +204,7 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, std:
   const auto& entries = group_->arrive(rank_, {.send = send, .tag = call.signature_tag}, call);
   const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
   for (std::size_t at = 0; at < mine; at += chunk) reduce_block(entries, at, std::min(chunk, mine - at));
-  if (n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);  // nobody leaves while others still read its input
+  if (n > 1) group_->release(rank_, call);  // nobody leaves while others still read its input
 }
 
 void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
@@ -238,7 +238,7 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
     }
   }
   if (streaming) stream_fence();
-  if (!inline_path && n > 1) group_->arrive(rank_, LocalGroup::Entry{}, call);
+  if (!inline_path && n > 1) group_->release(rank_, call);
 }
 
 void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
@@ -272,7 +272,7 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
               : static_cast<void>(std::memcpy(dst + begin, src + begin, end - begin));
   }
   if (streaming) stream_fence();
-  if (!inline_path) group_->arrive(rank_, LocalGroup::Entry{}, call);
+  if (!inline_path) group_->release(rank_, call);
 }
 
 void SharedMemoryCommunicator::barrier(const CollectiveCall& call) {
