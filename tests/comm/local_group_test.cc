@@ -57,8 +57,10 @@ TEST(LocalGroupTest, AbortWakesEveryWaiterWithTheSameError) {
     EXPECT_EQ(message_of(e), "replica 2 failed");
   }
   EXPECT_EQ(group.abort_origin(), 2);
-  // A failed group stays failed until reset.
+  // A failed group stays failed until reset, and hands out no inline area
+  // (a member that withdrew may still be read from through its last one).
   EXPECT_THROW(group.arrive(2, {}, call("all_reduce", 1)), AbortedError);
+  EXPECT_THROW(group.inline_area(0), AbortedError);
   group.reset();
   EXPECT_EQ(group.abort_origin(), -1);
   auto again = run_threads(3, [&](int r) { group.arrive(r, {}, call("barrier", 1)); });
@@ -201,7 +203,9 @@ TEST(LocalGroupTest, ReleaseRoundFailsOnAMemberThatIsDoneOnceTheOthersAreHere) {
   for (int r : {0, 1}) {
     ASSERT_TRUE(errors[static_cast<std::size_t>(r)]);
     EXPECT_THROW(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), FailedPreconditionError);
-    EXPECT_NE(message_of(errors[static_cast<std::size_t>(r)]).find("all_gather #7 can never complete: replica(s) 2"),
+    EXPECT_NE(message_of(errors[static_cast<std::size_t>(r)])
+                  .find("all_gather #7 can never complete: replica(s) 2 returned from the replica function before "
+                        "the end of it"),
               std::string::npos)
         << message_of(errors[static_cast<std::size_t>(r)]);
   }

@@ -66,6 +66,10 @@ LocalGroup::LocalGroup(int size, bool shares_cores)
 LocalGroup::~LocalGroup() = default;
 
 std::byte* LocalGroup::inline_area(int member) {
+  // A member that withdrew from a failed round may still be read from in the
+  // round before it, through the area of that parity: a failed group hands
+  // out no area (the failure comes first, as from arrive()).
+  if (failed_.load(std::memory_order_acquire)) throw_failure();
   Member& me = members_[static_cast<std::size_t>(member)];
   return me.inline_area[me.rounds.load(std::memory_order_relaxed) & 1];
 }
@@ -224,6 +228,10 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
         msg = "Some replicas made a different number of replica_context().merge_call() calls: replica(s) " + gone +
               " returned from the replica function while replica(s) " + list_members(round, true) + " wait in " +
               label + ".";
+      } else if (release) {
+        msg = label + " can never complete: replica(s) " + gone +
+              " returned from the replica function before the end of it, while replica(s) " +
+              list_members(round, true) + " wait in it.";
       } else {
         msg = label + " can never complete: replica(s) " + gone +
               " returned from the replica function without calling it, while replica(s) " +
@@ -242,7 +250,9 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
       continue;
     }
     if (cv_.wait_until(lock, wake) != std::cv_status::timeout) continue;
-    if (generation_.load(std::memory_order_seq_cst) > round || failed_.load(std::memory_order_acquire)) continue;
+    if (generation_.load(std::memory_order_seq_cst) > round || (!release && failed_.load(std::memory_order_acquire))) {
+      continue;
+    }
     const Clock::time_point now = Clock::now();
     const std::string label = op_label(call.op, call.sequence);
     if (now >= deadline) {

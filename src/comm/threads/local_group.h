@@ -77,6 +77,7 @@ class LocalGroup {
 
   // kInlineBytes that `member` may fill before its next arrive() and pass as
   // its entry's `send`; others may read it until the member's round after next.
+  // Throws the group's failure if it has failed.
   std::byte* inline_area(int member);
 
   // Fails the group (first call wins); wakes every waiter.
