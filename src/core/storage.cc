@@ -1,6 +1,7 @@
 #include "core/storage.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -13,11 +14,32 @@ namespace distribute::internal {
 namespace {
 
 // Size classes: 4 per power of two (at most 25% slack), like jemalloc's.
-std::size_t size_class(std::size_t bytes) {
+constexpr std::size_t size_class(std::size_t bytes) {
   std::size_t top = std::size_t{1} << (63 - __builtin_clzll(bytes));  // highest power of two <= bytes
   const std::size_t step = top >= 4 ? top / 4 : 1;
   return (bytes + step - 1) / step * step;
 }
+
+// The number of a size class, 0 to 255: 4 per power of two.
+constexpr std::size_t class_index(std::size_t cls) {
+  const int log = 63 - __builtin_clzll(cls);
+  const std::size_t offset = cls - (std::size_t{1} << log);
+  return 4 * static_cast<std::size_t>(log) + (log >= 2 ? offset >> (log - 2) : offset);
+}
+// The size class of number `index`.
+constexpr std::size_t class_bytes(std::size_t index) {
+  const std::size_t top = std::size_t{1} << (index / 4);
+  const std::size_t step = top >= 4 ? top / 4 : 1;
+  return top + (index % 4) * step;
+}
+// Every class of cached storage (4 KiB up) has its own number, and back.
+static_assert([] {
+  for (std::size_t bytes = kCachedMinBytes; bytes < (std::size_t{1} << 60); bytes = bytes * 5 / 4 + 1) {
+    const std::size_t cls = size_class(bytes);
+    if (class_index(cls) >= 256 || class_bytes(class_index(cls)) != cls) return false;
+  }
+  return true;
+}());
 
 void* system_allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{kStorageAlignment}); }
 void system_free(void* p) { ::operator delete(p, std::align_val_t{kStorageAlignment}); }
@@ -108,8 +130,11 @@ StorageCache& cache() {
 constexpr std::size_t kThreadCacheBytes = 256 << 20;
 constexpr std::size_t kThreadCacheBlocksPerClass = 8;
 
+// Indexed by size class (class_index), not hashed: the lookup is on every
+// allocation and free of a collective's output, and a hash map's modulo was
+// a visible part of the API's fixed cost.
 struct ThreadCache {
-  std::unordered_map<std::size_t, std::vector<void*>> free;
+  std::array<std::vector<void*>, 4 * 64> free;
   std::size_t bytes = 0;
   ~ThreadCache();
 };
@@ -119,8 +144,8 @@ thread_local bool thread_cache_gone = false;
 
 ThreadCache::~ThreadCache() {
   thread_cache_gone = true;
-  for (auto& [cls, list] : free) {
-    for (void* p : list) cache().give_back(p, cls);
+  for (auto& list : free) {
+    for (void* p : list) cache().give_back(p, class_bytes(static_cast<std::size_t>(&list - free.data())));
   }
 }
 
@@ -139,10 +164,10 @@ std::uint64_t this_thread_number() {
 
 void* take_block(std::size_t cls) {
   if (ThreadCache* tc = thread_cache()) {
-    auto it = tc->free.find(cls);
-    if (it != tc->free.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
+    auto& list = tc->free[class_index(cls)];
+    if (!list.empty()) {
+      void* p = list.back();
+      list.pop_back();
       tc->bytes -= cls;
       return p;
     }
@@ -154,7 +179,7 @@ void* take_block(std::size_t cls) {
 void give_back_block(void* p, std::size_t cls, std::uint64_t owner) {
   if (owner == this_thread_number()) {
     if (ThreadCache* tc = thread_cache()) {
-      auto& list = tc->free[cls];
+      auto& list = tc->free[class_index(cls)];
       if (list.size() < kThreadCacheBlocksPerClass && tc->bytes + cls <= kThreadCacheBytes) {
         list.push_back(p);
         tc->bytes += cls;

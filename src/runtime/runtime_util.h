@@ -1,10 +1,14 @@
 // Small pieces shared by the runtime's collectives.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <exception>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "distribute/communicator.h"
 #include "distribute/options.h"
@@ -40,9 +44,29 @@ void validate_gather_leaf(const Tensor& value, int axis, Signature& sig);
 // How an all-gather of `value` along `axis` lays out, where member q holds
 // along(q) elements along the axis: `outer` rows, each the concatenation of
 // every member's row of counts[q] elements, giving a result of `shape`.
+// Elements per member, stored inline for up to 8 members: every all_gather
+// builds one, and a heap allocation there was a visible part of the API's
+// fixed cost.
+class MemberCounts {
+ public:
+  explicit MemberCounts(std::size_t members) : size_(members) {
+    if (members > kInline) heap_.resize(members);
+  }
+  std::size_t& operator[](std::size_t q) { return data()[q]; }
+  operator std::span<const std::size_t>() const { return {data(), size_}; }
+
+ private:
+  static constexpr std::size_t kInline = 8;
+  std::size_t* data() { return size_ <= kInline ? inline_.data() : heap_.data(); }
+  const std::size_t* data() const { return size_ <= kInline ? inline_.data() : heap_.data(); }
+  std::size_t size_;
+  std::array<std::size_t, kInline> inline_{};
+  std::vector<std::size_t> heap_;
+};
+
 struct GatherLayout {
   std::size_t outer = 1;
-  std::vector<std::size_t> counts;
+  MemberCounts counts;
   Shape shape;
 };
 // (A template, not std::function: it runs on every all_gather, and a
@@ -55,18 +79,26 @@ GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members, A
   std::int64_t outer = 1, inner = 1;
   for (int d = 0; d < a; ++d) outer *= dims_in[static_cast<std::size_t>(d)];
   for (int d = a + 1; d < value.rank(); ++d) inner *= dims_in[static_cast<std::size_t>(d)];
-  std::vector<std::int64_t> dims(dims_in.begin(), dims_in.end());
+  // The output's dimensions: on the stack for the usual ranks.
+  std::array<std::int64_t, 8> small;
+  std::vector<std::int64_t> large;
+  std::span<std::int64_t> dims;
+  if (dims_in.size() <= small.size()) {
+    dims = std::span<std::int64_t>(small.data(), dims_in.size());
+  } else {
+    large.resize(dims_in.size());
+    dims = large;
+  }
+  std::copy(dims_in.begin(), dims_in.end(), dims.begin());
   std::int64_t& along_axis = dims[static_cast<std::size_t>(a)];
   along_axis = 0;
-  GatherLayout layout;
-  layout.outer = static_cast<std::size_t>(outer);
-  layout.counts.reserve(members);
+  GatherLayout layout{.outer = static_cast<std::size_t>(outer), .counts = MemberCounts(members), .shape = {}};
   for (std::size_t q = 0; q < members; ++q) {
     const std::int64_t n = along(q);
-    layout.counts.push_back(static_cast<std::size_t>(n * inner));
+    layout.counts[q] = static_cast<std::size_t>(n * inner);
     if (__builtin_add_overflow(along_axis, n, &along_axis)) throw_gather_size_overflow(a);
   }
-  layout.shape = Shape(dims);
+  layout.shape = Shape(std::span<const std::int64_t>(dims.data(), dims.size()));
   return layout;
 }
 

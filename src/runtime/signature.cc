@@ -175,50 +175,6 @@ Signature Signature::decode(std::string_view bytes) {
   return s;
 }
 
-// Eight bytes at a time, each word mixed in by a multiply and a shift (as
-// splitmix64's steps), then splitmix64's finaliser. A signature is about 150
-// bytes; FNV-1a, byte by byte, spent a quarter of the API's fixed cost per
-// collective on it (perf, 8-byte all_reduce).
-void TagHasher::word(std::uint64_t w) {
-  h_ = (h_ ^ w) * 0xbf58476d1ce4e5b9ull;
-  h_ ^= h_ >> 31;
-}
-
-void TagHasher::bytes(const void* p, std::size_t n) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  for (; n >= 8; c += 8, n -= 8) {
-    std::uint64_t w;
-    std::memcpy(&w, c, 8);
-    word(w);
-  }
-  std::uint64_t tail = 0;
-  if (n > 0) std::memcpy(&tail, c, n);  // c may be null when n is 0 (an empty vector's data())
-  word(tail);
-}
-
-void TagHasher::str(std::string_view s) {
-  word(s.size());
-  bytes(s.data(), s.size());
-}
-
-TagHasher::TagHasher(std::string_view op, std::uint64_t sequence) {
-  str(op);
-  word(sequence);
-}
-
-void TagHasher::field(std::string_view key, std::string_view value) {
-  str(key);
-  str(value);
-}
-
-void TagHasher::leaf_count(std::size_t n) { word(n); }
-
-void TagHasher::leaf(DType dtype, std::span<const std::int64_t> dims) {
-  word(static_cast<std::uint64_t>(dtype));
-  word(dims.size());
-  bytes(dims.data(), dims.size_bytes());
-}
-
 std::uint64_t TagHasher::finish(bool local_error) const {
   std::uint64_t z = h_;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
