@@ -32,12 +32,14 @@ class SharedMemoryCommunicator final : public Communicator {
   // From this message size up (all_gather's output, broadcast's buffer), the
   // copies of all_gather and broadcast use non-temporal stores: the data no
   // longer fits in cache, and streaming stores skip the read for ownership of
-  // a normal store. Measured on the project's machines (docs/algorithms.md):
-  // 1.3 to 1.5x faster from 8 MiB, no gain at 4 MiB. all_reduce does not
-  // stream: its reduced chunk, still in cache, is copied to the other outputs
-  // with normal stores; streaming measured 1.3 to 2x slower there from 4 to
-  // 256 MiB.
-  static constexpr std::size_t kStreamBytes = 8 << 20;
+  // a normal store. Measured on the project's machines (32 MiB of L3;
+  // docs/benchmarks.md, "Where streaming stores start"): with 2 replicas
+  // normal stores are 1.2 to 3.4x faster at 8 and 16 MiB (what a
+  // cache holds), streaming 1.1 to 1.4x faster from 24 MiB. all_reduce does
+  // not stream: its reduced chunk, still in cache, is copied to the other
+  // outputs with normal stores; streaming measured 1.3 to 2x slower there
+  // from 4 to 256 MiB.
+  static constexpr std::size_t kStreamBytes = 24 << 20;
 
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank);
 
