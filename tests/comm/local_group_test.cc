@@ -211,6 +211,49 @@ TEST(LocalGroupTest, ReleaseRoundFailsOnAMemberThatIsDoneOnceTheOthersAreHere) {
   }
 }
 
+}  // namespace
+
+// The race withdraw() closes, step by step: member 0 has passed arrive()'s
+// check of the group's failure and published its entry, but not yet counted
+// its arrival, when an abort fails the group and member 1, waiting, leaves.
+// Counting member 0 must not complete the round (it would then go on with
+// member 1's buffers, which member 1 has left): it waits, and raises the
+// abort too.
+class LocalGroupRaceTest : public ::testing::Test {
+ protected:
+  static std::uint64_t publish(LocalGroup& g, int member, const CollectiveCall& c) {
+    return g.publish_arrival(member, {}, c);
+  }
+  static void count(LocalGroup& g, int member, std::uint64_t round, const CollectiveCall& c) {
+    g.count_arrival(member, round, c, /*release=*/false);
+  }
+};
+
+TEST_F(LocalGroupRaceTest, AMemberThatLeftOnAnAbortCannotBeCountedIntoACompleteRound) {
+  LocalGroup group(2);
+  const CollectiveCall c = call("all_reduce", 1, 0);
+  std::atomic<bool> waiting{false};
+  std::exception_ptr waiter_error;
+  std::thread waiter([&] {
+    try {
+      waiting = true;
+      group.arrive(1, {}, c);
+    } catch (...) {
+      waiter_error = std::current_exception();
+    }
+  });
+  while (!waiting.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // member 1 is in its wait
+  const std::uint64_t round = publish(group, 0, c);             // past arrive()'s failure check
+  group.abort(ErrorCode::kAborted, "stop", 1);
+  waiter.join();  // member 1 has left the round
+  ASSERT_TRUE(waiter_error);
+  EXPECT_THROW(std::rethrow_exception(waiter_error), AbortedError);
+  EXPECT_THROW(count(group, 0, round, c), AbortedError);
+}
+
+namespace {
+
 TEST(LocalGroupTest, RejectsNonPositiveSize) { EXPECT_THROW(LocalGroup(0), InvalidArgumentError); }
 
 }  // namespace

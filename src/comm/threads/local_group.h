@@ -36,6 +36,8 @@ namespace distribute::internal {
 
 class LocalGroup {
  public:
+  // Steps through an arrival by parts, to pin a race (tests only).
+  friend class LocalGroupRaceTest;
   struct Entry {
     const void* send = nullptr;
     void* recv = nullptr;
