@@ -238,6 +238,8 @@ std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
       if (!kept_aside(q, bytes)) system_free(q);
     });
   }
+  // No machine has this much memory, and the size classes would overflow.
+  if (bytes > (std::size_t{1} << 62)) throw std::bad_alloc();
   const std::size_t cls = size_class(bytes);
   auto* p = static_cast<std::byte*>(take_block(cls));
   return std::shared_ptr<std::byte>(p, [cls, owner = this_thread_number()](std::byte* q) {

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <thread>
 
 namespace distribute::internal {
@@ -18,6 +19,35 @@ TEST(StorageTest, AlignedAndNullForZeroBytes) {
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.get()) % kStorageAlignment, 0u) << bytes;
   }
+}
+
+// Sizes no machine can hold fail cleanly, before the size classes overflow.
+TEST(StorageTest, ImpossibleSizesThrowBadAlloc) {
+  for (std::size_t bytes : {(std::size_t{1} << 62) + 1, std::size_t{1} << 63, ~std::size_t{0}}) {
+    EXPECT_THROW(allocate_storage(bytes), std::bad_alloc) << bytes;
+  }
+}
+
+// Every size class below a power of two and at it gets a block of at least
+// the size asked, reused for a request of the same class.
+// (On a thread of its own, so that its thread cache is handed back when it
+// ends and the other tests see none of its blocks.)
+TEST(StorageTest, SizesAroundPowersOfTwoGetTheirOwnClass) {
+  std::thread([] {
+    for (int log = 12; log <= 22; ++log) {
+      const std::size_t power = std::size_t{1} << log;
+      for (std::size_t bytes : {power - 1, power, power + 1, power + power / 4, power + power / 4 + 1}) {
+        auto a = allocate_storage(bytes);
+        ASSERT_NE(a, nullptr);
+        a.get()[bytes - 1] = std::byte{1};  // the whole request is ours (ASan checks the bound)
+        std::byte* first = a.get();
+        a.reset();
+        auto b = allocate_storage(bytes);
+        EXPECT_EQ(b.get(), first) << bytes;
+      }
+    }
+  }).join();
+  release_cached_storage();
 }
 
 TEST(StorageTest, AFreedBlockIsReusedByTheSameThread) {

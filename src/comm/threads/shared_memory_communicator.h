@@ -33,9 +33,11 @@ class SharedMemoryCommunicator final : public Communicator {
   // copies of all_gather and broadcast use non-temporal stores: the data no
   // longer fits in cache, and streaming stores skip the read for ownership of
   // a normal store. Measured on the project's machines (32 MiB of L3;
-  // docs/benchmarks.md, "Where streaming stores start"): with 2 replicas
-  // normal stores are 1.2 to 3.4x faster at 8 and 16 MiB (what a
-  // cache holds), streaming 1.1 to 1.4x faster from 24 MiB. all_reduce does
+  // docs/benchmarks.md, "Where streaming stores start"): with 2 replicas,
+  // normal stores are 1.1 to 2.4x faster at 8 and 16 MiB for all_gather and
+  // 1.7 to 3.4x for broadcast (the cache holds the data); streaming is 1.1
+  // to 1.4x faster from 24 MiB for all_gather, 1.1 to 1.5x from 32 MiB for
+  // broadcast (24 to 28 MiB went either way). all_reduce does
   // not stream: its reduced chunk, still in cache, is copied to the other
   // outputs with normal stores; streaming measured 1.3 to 2x slower there
   // from 4 to 256 MiB.
