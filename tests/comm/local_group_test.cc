@@ -129,6 +129,12 @@ TEST(LocalGroupTest, StallWarningNamesTheMissingMember) {
   EXPECT_NE(err.find("replica(s) 1 have not joined it"), std::string::npos) << err;
 }
 
+// A member still copying into the others' buffers after the data round.
+void copy_slowly(std::atomic<bool>& copied, int milliseconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds));
+  copied = true;
+}
+
 // The last round of a collective waits for every member, however long it
 // copies and whatever the call's timeout: a member that left would free
 // buffers that the late one still writes into.
@@ -137,10 +143,7 @@ TEST(LocalGroupTest, ReleaseRoundWaitsForAMemberStillCopyingPastTheTimeout) {
   std::atomic<bool> copied{false};
   auto errors = run_threads(2, [&](int r) {
     group.arrive(r, {}, call("all_reduce", 1, 0.05));
-    if (r == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a slow copy
-      copied = true;
-    }
+    if (r == 1) copy_slowly(copied, 200);
     group.release(r, call("all_reduce", 1, 0.05));
     EXPECT_TRUE(copied.load()) << "member " << r << " left the release round early";
   });
@@ -158,10 +161,7 @@ TEST(LocalGroupTest, AbortDuringTheCopiesIsRaisedByTheNextRound) {
   auto errors = run_threads(3, [&](int r) {
     group.arrive(r, {}, call("broadcast", 1));
     if (r == 0) group.abort(ErrorCode::kAborted, "stop", 0);
-    if (r == 2) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      copied = true;
-    }
+    if (r == 2) copy_slowly(copied, 100);
     try {
       group.release(r, call("broadcast", 1));
     } catch (...) {
@@ -188,10 +188,7 @@ TEST(LocalGroupTest, ReleaseRoundFailsOnAMemberThatIsDoneOnceTheOthersAreHere) {
       group.mark_done(2);  // (cannot happen in the library: it shows the wait's limit)
       return;
     }
-    if (r == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      copied = true;
-    }
+    if (r == 1) copy_slowly(copied, 100);
     try {
       group.release(r, call("all_gather", 7));
     } catch (...) {

@@ -37,10 +37,10 @@ class SharedMemoryCommunicator final : public Communicator {
   // normal stores are 1.1 to 2.4x faster at 8 and 16 MiB for all_gather and
   // 1.7 to 3.4x for broadcast (the cache holds the data); streaming is 1.1
   // to 1.4x faster from 24 MiB for all_gather, 1.1 to 1.5x from 32 MiB for
-  // broadcast (24 to 28 MiB went either way). all_reduce does
-  // not stream: its reduced chunk, still in cache, is copied to the other
-  // outputs with normal stores; streaming measured 1.3 to 2x slower there
-  // from 4 to 256 MiB.
+  // broadcast (24 to 28 MiB went either way). all_reduce does not stream:
+  // its reduced chunk, still in cache, is copied to the other outputs with
+  // normal stores; streaming measured 1.3 to 2x slower there from 4 to
+  // 256 MiB.
   static constexpr std::size_t kStreamBytes = 24 << 20;
 
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank);
