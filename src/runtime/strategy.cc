@@ -640,27 +640,35 @@ struct CopyJob final : internal::MergeTask {
   }
 };
 
-// One copy of `value` per destination device. A `fresh` value (a result
-// nobody else holds) is moved into the first destination instead of copied.
-// Inside a merge_fn, large copies are shared with the paused replicas (each
-// copies its part at once), as the engine's broadcast shares its copies.
+// One tensor of `value` per destination device. The destination on the
+// value's own device gets the value itself, sharing its storage, as
+// TensorFlow's identity on the same device does; a `fresh` value (a result
+// nobody else holds) goes to the first destination when none is on its
+// device. Every other destination gets a copy. Inside a merge_fn, large
+// copies are shared with the paused replicas (each copies its part at once),
+// as the engine's broadcast shares its copies.
 Mirrored<Tensor> place_on(const Strategy& strategy, const Tensor& value, const Destinations& destinations,
                           bool fresh = false) {
+  const std::vector<std::string>& devices = destinations.devices();
+  const auto own = std::find(devices.begin(), devices.end(), value.device());
+  const std::size_t kept = own != devices.end() ? static_cast<std::size_t>(own - devices.begin())
+                           : fresh              ? 0
+                                                : devices.size();
   std::vector<Tensor> copies;
-  copies.reserve(destinations.devices().size());
+  copies.reserve(devices.size());
   if (value.nbytes() < kShareCopiesBytes) {
-    for (const auto& device : destinations.devices()) {
-      copies.push_back((fresh && copies.empty() ? value : value.clone()).with_device(device));
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      copies.push_back((i == kept ? value : value.clone()).with_device(devices[i]));
     }
     return Mirrored<Tensor>(std::move(copies));
   }
   auto job = std::make_shared<CopyJob>();
   job->source = value;
-  for (const auto& device : destinations.devices()) {
-    if (fresh && copies.empty()) {
-      copies.push_back(value.with_device(device));
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (i == kept) {
+      copies.push_back(value.with_device(devices[i]));
     } else {
-      copies.push_back(Tensor::uninitialized(value.dtype(), value.shape(), device));
+      copies.push_back(Tensor::uninitialized(value.dtype(), value.shape(), devices[i]));
       job->destinations.push_back(copies.back());
     }
   }

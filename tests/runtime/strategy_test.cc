@@ -333,6 +333,29 @@ TEST(ExtendedTest, BroadcastToEveryDevice) {
   EXPECT_EQ(s->extended().broadcast_to(constant(1), Destinations("CPU:2")).size(), 1u);
 }
 
+// As TensorFlow's identity on one device: the destination on the value's own
+// device gets the value (its storage shared), every other one a copy of its own.
+TEST(ExtendedTest, BroadcastToSharesOnlyOnTheValuesOwnDevice) {
+  auto s = testing::mirrored(3);
+  const Tensor value = constant({1, 2}).with_device(s->devices()[1]);
+  const Mirrored<Tensor> m = s->extended().broadcast_to(value);
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[1].raw_data(), value.raw_data());
+  EXPECT_NE(m[0].raw_data(), value.raw_data());
+  EXPECT_NE(m[2].raw_data(), value.raw_data());
+  EXPECT_NE(m[0].raw_data(), m[2].raw_data());
+  m[0].mutable_flat<int>()[0] = 7;
+  EXPECT_EQ(value, constant({1, 2}));
+  EXPECT_EQ(m[2], constant({1, 2}));
+  // A value on no destination's device is copied to every one.
+  const Tensor elsewhere = constant({3}).with_device("/job:localhost/replica:0/task:0/device:CPU:5");
+  const Mirrored<Tensor> copies = s->extended().broadcast_to(elsewhere);
+  for (const Tensor& t : copies.values()) {
+    EXPECT_EQ(t, elsewhere);
+    EXPECT_NE(t.raw_data(), elsewhere.raw_data());
+  }
+}
+
 TEST(ExtendedTest, UpdateInCrossReplicaAndReplicaContext) {
   auto s = testing::mirrored(2);
   Mirrored<Tensor> var(std::vector<Tensor>{constant(10.f), constant(10.f)});
