@@ -95,7 +95,15 @@ class ReplicaContext {
   internal::ReplicaChannel& channel() const { return *channel_; }
 
  private:
-  using MergeBody = std::function<std::shared_ptr<void>(std::span<const void* const>)>;
+  // Told by a merge body once it has copied every replica's arguments: the
+  // other replicas, whose stacks hold them, may leave merge_call from then on.
+  struct ArgsTaken {
+    virtual void operator()() const noexcept = 0;
+
+   protected:
+    ~ArgsTaken() = default;
+  };
+  using MergeBody = std::function<std::shared_ptr<void>(std::span<const void* const>, const ArgsTaken&)>;
   std::shared_ptr<void> merge_call_impl(const std::string& type_key, const void* args, const MergeBody& body);
 
   Strategy* strategy_;
@@ -110,7 +118,8 @@ auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {
   using Pointers = std::tuple<const Args*...>;
   const Pointers mine(&args...);
   const std::string key = internal::merge_type_key({&typeid(MergeFn), &typeid(Args)...});
-  const MergeBody body = [this, &merge_fn](std::span<const void* const> all) -> std::shared_ptr<void> {
+  const MergeBody body = [this, &merge_fn](std::span<const void* const> all,
+                                           const ArgsTaken& args_taken) -> std::shared_ptr<void> {
     auto grouped = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<PerReplica<Args>...>(PerReplica<Args>([&] {
         std::vector<Args> values;
@@ -119,6 +128,7 @@ auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {
         return values;
       }())...);
     }(std::index_sequence_for<Args...>{});
+    args_taken();
     Strategy& strategy = *strategy_;
     if constexpr (std::is_void_v<R>) {
       std::apply([&](const auto&... a) { merge_fn(strategy, a...); }, grouped);

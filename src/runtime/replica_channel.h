@@ -31,6 +31,10 @@ struct ReplicaChannel {
   // other local replicas, released with AbortedError, need not abort the
   // workers' link either. Shared by the run's replicas; reset before each run.
   std::atomic<bool>* merge_failure_agreed = nullptr;
+  // The sequence of the last merge_call whose arguments replica 0 has copied
+  // (the others' arguments live on their stacks until then). Shared by the
+  // run's replicas; reset before each run.
+  std::atomic<std::uint64_t>* merge_args_taken = nullptr;
 };
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.
@@ -40,6 +44,7 @@ struct RunResources {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<ReplicaChannel> channels;
   std::atomic<bool> merge_failure_agreed{false};
+  std::atomic<std::uint64_t> merge_args_taken{0};
 
   // Before a run: forget the failure and progress of the last one.
   void reset();

@@ -7,10 +7,12 @@
 //      all_gather moves each value with one all_gather_v.
 #include "distribute/replica_context.h"
 
+#include <atomic>
 #include <charconv>
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "core/reduce_kernels.h"
 #include "core/storage.h"
@@ -502,6 +504,20 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   wait_result.stall_warning_seconds = 0;
   std::shared_ptr<void> result;
   if (local_id_ == 0) {
+    // Said once the arguments are copied, or when the body fails before.
+    struct Taken final : ArgsTaken {
+      std::atomic<std::uint64_t>* flag;
+      std::uint64_t sequence;
+      Taken(std::atomic<std::uint64_t>* f, std::uint64_t s) : flag(f), sequence(s) {}
+      Taken(const Taken&) = delete;
+      Taken& operator=(const Taken&) = delete;
+      ~Taken() { (*this)(); }
+      void operator()() const noexcept override {
+        if (flag != nullptr && flag->load(std::memory_order_relaxed) < sequence) {
+          flag->store(sequence, std::memory_order_release);
+        }
+      }
+    } const taken(ch.merge_args_taken, call.sequence);
     try {
       internal::ModeEntry entry{strategy_, strategy_, nullptr, 1, ch.depth};
       if (ch.local->size() > 1) {
@@ -510,7 +526,7 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
       }
       internal::ModeGuard mode(entry);
       internal::forget_agreed_worker_error();  // only an agreement inside this merge_fn counts
-      result = body(all_args);
+      result = body(all_args, taken);
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
       const std::string msg = "merge_fn of replica " + std::to_string(replica_id_) + " (merge_call #" +
@@ -535,6 +551,18 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
     ch.local->arrive(local_id_, {.object = result}, wait_result);
     return result;
   }
+  // This replica's arguments live on its stack, and replica 0 reads them in
+  // place until it has copied them: an abort arriving before that (from
+  // another worker, or a merge_fn that aborts) must not unwind them. Replica 0
+  // reaches its copy once the first round is complete, and its copying is
+  // bounded, so this wait ends.
+  struct WaitForArgsTaken {
+    const std::atomic<std::uint64_t>* flag;
+    std::uint64_t sequence;
+    ~WaitForArgsTaken() {
+      while (flag != nullptr && flag->load(std::memory_order_acquire) < sequence) std::this_thread::yield();
+    }
+  } const wait_for_args{ch.merge_args_taken, call.sequence};
   try {
     // Until the result comes, run the shares of the work merge_fn hands out
     // (internal::share_with_paused_replicas): a round with a task, then a

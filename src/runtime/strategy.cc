@@ -28,6 +28,7 @@ namespace internal {
 void RunResources::reset() {
   local->reset();
   merge_failure_agreed = false;
+  merge_args_taken = 0;
   for (auto& ch : channels) {
     ch.sequence = 0;
     ch.data_calls = 0;
@@ -70,6 +71,7 @@ struct StrategyState {
         ch.comm = res->comms.back().get();
         ch.local = res->local.get();
         ch.merge_failure_agreed = &res->merge_failure_agreed;
+        ch.merge_args_taken = &res->merge_args_taken;
         ch.depth = static_cast<int>(by_depth.size());
         ch.stall_warning_seconds = stall;
       }

@@ -3,8 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
 #include <thread>
 
+#include "comm/threads/local_group.h"
+#include "runtime/replica_channel.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -261,6 +266,75 @@ TEST(MergeCallTest, MergeCallVersusCollectiveIsAMismatch) {
     });
   });
   EXPECT_NE(msg.find("Collective mismatch"), std::string::npos) << msg;
+}
+
+// An argument that knows whether the object it is copied from was destroyed
+// (by address: a live object registers itself, a destroyed one is listed).
+// The first copy of another replica's argument runs `on_first_copy` and then
+// waits, so that whatever that sets off has time to happen.
+struct ArgumentProbe {
+  static inline std::mutex mutex;
+  static inline std::set<const void*> destroyed;
+  static inline std::function<void()> on_first_copy;
+  static inline std::atomic<bool> fired{false};
+  static inline std::atomic<int> copies_of_destroyed{0};
+
+  int replica = 0;
+  explicit ArgumentProbe(int r) : replica(r) { alive(); }
+  ArgumentProbe(const ArgumentProbe& other) : replica(other.replica) {
+    if (other.replica != 0 && on_first_copy && !fired.exchange(true)) {
+      on_first_copy();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (destroyed.count(&other) != 0) ++copies_of_destroyed;
+    destroyed.erase(this);
+  }
+  ArgumentProbe& operator=(const ArgumentProbe&) = delete;
+  ~ArgumentProbe() {
+    std::lock_guard<std::mutex> lock(mutex);
+    destroyed.insert(this);
+  }
+
+ private:
+  void alive() {
+    std::lock_guard<std::mutex> lock(mutex);
+    destroyed.erase(this);
+  }
+};
+
+// merge_call reads the other replicas' arguments where they are, on their
+// stacks, while it groups them. An abort that comes meanwhile (here from
+// inside the copy; in a program, from another worker's failure) releases the
+// waiting replicas, which must not unwind those arguments until replica 0 has
+// copied them.
+TEST(MergeCallTest, AnAbortWhileArgumentsAreCopiedUnwindsNoArgumentBeingCopied) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(std::to_string(n) + " replicas");
+    auto s = testing::mirrored(n);
+    ArgumentProbe::fired = false;
+    ArgumentProbe::copies_of_destroyed = 0;
+    std::atomic<internal::LocalGroup*> group{nullptr};
+    ArgumentProbe::on_first_copy = [&group] {
+      group.load()->abort(ErrorCode::kAborted, "test: aborted while merge_call copies arguments", 0);
+    };
+    std::atomic<int> merge_fns{0};
+    EXPECT_THROW(s->run([&](ReplicaContext& ctx) {
+      if (ctx.local_replica_id() == 0) group = ctx.channel().local;
+      const ArgumentProbe mine(ctx.replica_id_in_sync_group());
+      return ctx.merge_call(
+          [&](Strategy&, const PerReplica<ArgumentProbe>& all) {
+            ++merge_fns;
+            return static_cast<int>(all.size());
+          },
+          mine);
+    }),
+                 Error);
+    ArgumentProbe::on_first_copy = nullptr;
+    EXPECT_TRUE(ArgumentProbe::fired);
+    EXPECT_EQ(merge_fns.load(), 1);
+    EXPECT_EQ(ArgumentProbe::copies_of_destroyed.load(), 0);
+  }
 }
 
 }  // namespace
