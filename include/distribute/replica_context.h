@@ -41,7 +41,14 @@ namespace distribute {
 class Strategy;
 namespace internal {
 struct ReplicaChannel;
-std::string merge_type_key(std::initializer_list<const std::type_info*> types);
+// The types of a merge_fn and its arguments, which the replicas of one
+// merge_call must agree on: readable, for errors, and as a digest, for the
+// check of every call. Made once per merge_call instantiation.
+struct MergeTypes {
+  std::string names;
+  std::uint64_t digest = 0;
+};
+MergeTypes merge_types(std::initializer_list<const std::type_info*> types);
 }  // namespace internal
 
 class ReplicaContext {
@@ -104,7 +111,7 @@ class ReplicaContext {
     ~ArgsTaken() = default;
   };
   using MergeBody = std::function<std::shared_ptr<void>(std::span<const void* const>, const ArgsTaken&)>;
-  std::shared_ptr<void> merge_call_impl(const std::string& type_key, const void* args, const MergeBody& body);
+  std::shared_ptr<void> merge_call_impl(const internal::MergeTypes& types, const void* args, const MergeBody& body);
 
   Strategy* strategy_;
   int replica_id_;
@@ -117,7 +124,7 @@ auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {
   using R = std::decay_t<std::invoke_result_t<MergeFn&, Strategy&, const PerReplica<Args>&...>>;
   using Pointers = std::tuple<const Args*...>;
   const Pointers mine(&args...);
-  const std::string key = internal::merge_type_key({&typeid(MergeFn), &typeid(Args)...});
+  static const internal::MergeTypes types = internal::merge_types({&typeid(MergeFn), &typeid(Args)...});
   const MergeBody body = [this, &merge_fn](std::span<const void* const> all,
                                            const ArgsTaken& args_taken) -> std::shared_ptr<void> {
     auto grouped = [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -137,7 +144,7 @@ auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {
       return std::make_shared<R>(std::apply([&](const auto&... a) { return merge_fn(strategy, a...); }, grouped));
     }
   };
-  std::shared_ptr<void> result = merge_call_impl(key, &mine, body);
+  std::shared_ptr<void> result = merge_call_impl(types, &mine, body);
   if constexpr (std::is_void_v<R>) {
     return;
   } else {

@@ -86,13 +86,13 @@ class Tensor {
   // An empty float32 tensor of shape (0,).
   Tensor();
   // Zero-filled tensor, on `device` (default: internal::default_device()).
-  Tensor(DType dtype, Shape shape, std::string device = {});
+  Tensor(DType dtype, Shape shape, std::string_view device = {});
 
   // A tensor whose bytes are not initialised; for buffers that are written whole.
-  static Tensor uninitialized(DType dtype, Shape shape, std::string device = {});
+  static Tensor uninitialized(DType dtype, Shape shape, std::string_view device = {});
   // A tensor viewing `data` (which keeps the storage alive) without copying.
   static Tensor from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape,
-                            std::string device = {});
+                            std::string_view device = {});
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
@@ -132,7 +132,7 @@ class Tensor {
   double element_as_double(std::int64_t flat_index) const;
 
   // Same storage, another device name.
-  Tensor with_device(std::string device) const;
+  Tensor with_device(std::string_view device) const;
   // Same storage, another shape with the same number of elements.
   Tensor reshape(Shape shape) const;
   // A deep copy.

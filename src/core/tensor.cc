@@ -71,10 +71,24 @@ thread_local const std::string* current_device = nullptr;
 }  // namespace
 
 const std::string* intern_device(std::string_view device) {
+  // A thread names the same few devices again and again (its replica's, the
+  // destinations of a broadcast): the last ones it interned are checked first,
+  // without the lock.
+  constexpr std::size_t kRecent = 4;
+  thread_local std::array<const std::string*, kRecent> recent{};
+  thread_local std::size_t next = 0;
+  for (const std::string* name : recent) {
+    if (name != nullptr && *name == device) return name;
+  }
   static std::mutex* mu = new std::mutex();
   static auto* names = new std::unordered_set<std::string>();  // never destroyed: tensors outlive statics
-  std::lock_guard<std::mutex> lock(*mu);
-  return &*names->emplace(device).first;
+  const std::string* name = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    name = &*names->emplace(device).first;
+  }
+  recent[next++ % kRecent] = name;
+  return name;
 }
 
 const std::string& default_device() {
@@ -92,8 +106,8 @@ DeviceScope::~DeviceScope() { current_device = previous_; }
 
 Tensor::Tensor() : device_(&internal::default_device()) {}
 
-Tensor::Tensor(DType dtype, Shape shape, std::string device)
-    : Tensor(uninitialized(dtype, std::move(shape), std::move(device))) {
+Tensor::Tensor(DType dtype, Shape shape, std::string_view device)
+    : Tensor(uninitialized(dtype, std::move(shape), device)) {
   if (nbytes() > 0) std::memset(data_.get(), 0, nbytes());
 }
 
@@ -106,12 +120,12 @@ std::size_t internal::checked_nbytes(DType dtype, const Shape& shape) {
   return static_cast<std::size_t>(bytes);
 }
 
-Tensor Tensor::uninitialized(DType dtype, Shape shape, std::string device) {
+Tensor Tensor::uninitialized(DType dtype, Shape shape, std::string_view device) {
   const std::size_t bytes = internal::checked_nbytes(dtype, shape);
-  return from_shared(internal::allocate_storage(bytes), dtype, std::move(shape), std::move(device));
+  return from_shared(internal::allocate_storage(bytes), dtype, std::move(shape), device);
 }
 
-Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string device) {
+Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string_view device) {
   internal::checked_nbytes(dtype, shape);
   Tensor t;
   t.dtype_ = dtype;
@@ -167,7 +181,7 @@ double Tensor::element_as_double(std::int64_t i) const {
   });
 }
 
-Tensor Tensor::with_device(std::string device) const {
+Tensor Tensor::with_device(std::string_view device) const {
   Tensor t = *this;
   t.device_ = device.empty() ? &internal::default_device() : internal::intern_device(device);
   return t;

@@ -448,7 +448,11 @@ IndexedSlices ReplicaContext::all_gather(const IndexedSlices&, int axis, const C
 
 // ---- merge_call ----------------------------------------------------------------
 
-std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_key, const void* args,
+namespace {
+constexpr const char* kMergeTypesField = "merge_fn and argument types";
+}  // namespace
+
+std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes& types, const void* args,
                                                       const MergeBody& body) {
   internal::require_replica_context(*this, "merge_call");
   ReplicaChannel& ch = *channel_;
@@ -457,7 +461,6 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
   Signature sig;
   sig.op = "merge_call";
   sig.sequence = call.sequence;
-  sig.fields = {{"merge_fn and argument types", type_key}};
 
   // Across workers, merge_fn runs once per worker and need not cross workers
   // at all, so a worker whose replicas called another collective here would
@@ -480,13 +483,18 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const std::string& type_ke
     }
   }
 
-  // Round 1: every local replica arrives with its arguments and its signature's
-  // hash; if the hashes differ, a second round exchanges full signatures.
+  // Round 1: every local replica arrives with its arguments and a hash of the
+  // call and the types' digest (the readable names are hashed once per
+  // instantiation, not per call); if the hashes differ, a second round
+  // exchanges full signatures, with the names, to explain.
+  internal::TagHasher tag(sig.op, sig.sequence);
+  tag.field(kMergeTypesField, std::string_view(reinterpret_cast<const char*>(&types.digest), sizeof types.digest));
   std::vector<const void*> all_args;
   try {
-    const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = sig.tag(false)}, call);
+    const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = tag.finish(false)}, call);
     for (const auto& e : entries) all_args.push_back(e.send);
   } catch (const internal::SignatureMismatch&) {
+    sig.fields = {{kMergeTypesField, types.names}};
     CollectiveCall explain = call;
     explain.signature_tag = 0;
     std::vector<Signature> sigs;

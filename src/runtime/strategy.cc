@@ -116,15 +116,18 @@ void check_components(std::size_t given, const Strategy& s, std::string_view wha
   }
 }
 
-std::string merge_type_key(std::initializer_list<const std::type_info*> types) {
-  std::string key;
+MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
+  MergeTypes out;
   for (const std::type_info* t : types) {
     int status = 0;
     char* name = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
-    key += (key.empty() ? "" : ", ") + std::string(status == 0 && name ? name : t->name());
+    out.names += (out.names.empty() ? "" : ", ") + std::string(status == 0 && name ? name : t->name());
     std::free(name);
   }
-  return key;
+  TagHasher digest("merge_call types", 0);
+  digest.field("names", out.names);
+  out.digest = digest.finish(false);
+  return out;
 }
 
 // A cross-replica collective among the workers (one member per worker).
@@ -649,9 +652,8 @@ struct CopyJob final : internal::MergeTask {
 // device. Every other destination gets a copy. Inside a merge_fn, large
 // copies are shared with the paused replicas (each copies its part at once),
 // as the engine's broadcast shares its copies.
-Mirrored<Tensor> place_on(const Strategy& strategy, const Tensor& value, const Destinations& destinations,
+Mirrored<Tensor> place_on(const Strategy& strategy, const Tensor& value, const std::vector<std::string>& devices,
                           bool fresh = false) {
-  const std::vector<std::string>& devices = destinations.devices();
   const auto own = std::find(devices.begin(), devices.end(), value.device());
   const std::size_t kept = own != devices.end() ? static_cast<std::size_t>(own - devices.begin())
                            : fresh              ? 0
@@ -686,7 +688,7 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const PerReplica<Tenso
   merged.validate();
   std::lock_guard<std::recursive_mutex> lock(strategy_->state_->worker_mutex);
   strategy_->check_and_agree(value.values(), "reduce_to", op);
-  return place_on(*strategy_, strategy_->reduce_components(op, value.values(), merged, 0), destinations,
+  return place_on(*strategy_, strategy_->reduce_components(op, value.values(), merged, 0), destinations.devices(),
                   /*fresh=*/true);
 }
 
@@ -696,7 +698,7 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Mirrored<Tensor>
   strategy_->options_.merge(options).validate();
   internal::check_components(value.size(), *strategy_, "reduce_to");
   check_non_distributed(op, *strategy_, short_text(value.primary()), /*mirrored=*/true);
-  return place_on(*strategy_, value.primary(), destinations);
+  return place_on(*strategy_, value.primary(), destinations.devices());
 }
 
 Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Tensor& value, const Destinations& destinations,
@@ -704,7 +706,7 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Tensor& value, c
   strategy_->require_cross_replica_or_default("reduce_to");
   strategy_->options_.merge(options).validate();
   check_non_distributed(op, *strategy_, short_text(value), /*mirrored=*/false);
-  return place_on(*strategy_, value, destinations);
+  return place_on(*strategy_, value, destinations.devices());
 }
 
 std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
@@ -724,14 +726,15 @@ std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
   std::vector<Tensor> reduced = strategy_->reduce_components_batch(op, values, merged, 0);
   out.reserve(reduced.size());
   for (std::size_t k = 0; k < reduced.size(); ++k) {
-    out.push_back(place_on(*strategy_, reduced[k], value_destination_pairs[k].second, /*fresh=*/true));
+    out.push_back(place_on(*strategy_, reduced[k], value_destination_pairs[k].second.devices(), /*fresh=*/true));
   }
   return out;
 }
 
 Mirrored<Tensor> StrategyExtended::broadcast_to(const Tensor& tensor, const std::optional<Destinations>& destinations) {
   strategy_->require_cross_replica_or_default("broadcast_to");
-  return place_on(*strategy_, tensor, destinations ? *destinations : Destinations::of_devices(strategy_->devices()));
+  // The strategy's devices are canonical names already.
+  return place_on(*strategy_, tensor, destinations ? destinations->devices() : strategy_->devices());
 }
 
 const std::vector<std::string>& StrategyExtended::worker_devices() const {
