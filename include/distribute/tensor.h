@@ -151,6 +151,9 @@ class Tensor {
   friend bool operator==(const Tensor& a, const Tensor& b);
 
  private:
+  // Members as given: the callers have checked them.
+  Tensor(DType dtype, Shape&& shape, std::shared_ptr<std::byte>&& data, const std::string* device)
+      : dtype_(dtype), shape_(std::move(shape)), data_(std::move(data)), device_(device) {}
   void check_dtype(DType requested) const;
   [[noreturn]] void throw_not_scalar() const;
   std::int64_t flat_index(std::initializer_list<std::int64_t> index) const;

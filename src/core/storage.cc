@@ -32,9 +32,9 @@ constexpr std::size_t class_bytes(std::size_t index) {
   const std::size_t step = top >= 4 ? top / 4 : 1;
   return top + (index % 4) * step;
 }
-// Every class of cached storage (4 KiB up) has its own number, and back.
+// Every class of storage (64 bytes up) has its own number, and back.
 static_assert([] {
-  for (std::size_t bytes = kCachedMinBytes; bytes < (std::size_t{1} << 60); bytes = bytes * 5 / 4 + 1) {
+  for (std::size_t bytes = kStorageAlignment; bytes < (std::size_t{1} << 60); bytes = bytes * 5 / 4 + 1) {
     const std::size_t cls = size_class(bytes);
     if (class_index(cls) >= 256 || class_bytes(class_index(cls)) != cls) return false;
   }
@@ -142,10 +142,21 @@ struct ThreadCache {
 // being destroyed: once set, blocks bypass this thread's cache.
 thread_local bool thread_cache_gone = false;
 
+// Blocks below kCachedMinBytes live in thread caches only: the shared cache
+// (and its lock, and its statistics) is for blocks whose fresh pages fault.
+bool shared_class(std::size_t cls) { return cls >= kCachedMinBytes; }
+
 ThreadCache::~ThreadCache() {
   thread_cache_gone = true;
   for (auto& list : free) {
-    for (void* p : list) cache().give_back(p, class_bytes(static_cast<std::size_t>(&list - free.data())));
+    const std::size_t cls = class_bytes(static_cast<std::size_t>(&list - free.data()));
+    for (void* p : list) {
+      if (shared_class(cls)) {
+        cache().give_back(p, cls);
+      } else {
+        system_free(p);
+      }
+    }
   }
 }
 
@@ -172,7 +183,7 @@ void* take_block(std::size_t cls) {
       return p;
     }
   }
-  return cache().take(cls);
+  return shared_class(cls) ? cache().take(cls) : system_allocate(cls);
 }
 
 // `owner`: the number of the thread that allocated the block.
@@ -187,7 +198,11 @@ void give_back_block(void* p, std::size_t cls, std::uint64_t owner) {
       }
     }
   }
-  cache().give_back(p, cls);
+  if (shared_class(cls)) {
+    cache().give_back(p, cls);
+  } else {
+    system_free(p);
+  }
 }
 
 // Ranges a transport may still write into, and the blocks kept aside for
@@ -232,15 +247,12 @@ bool kept_aside(std::byte* p, std::size_t bytes) {
 
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (bytes < kCachedMinBytes) {
-    auto* p = static_cast<std::byte*>(system_allocate(bytes));
-    return std::shared_ptr<std::byte>(p, [bytes](std::byte* q) {
-      if (!kept_aside(q, bytes)) system_free(q);
-    });
-  }
   // No machine has this much memory, and the size classes would overflow.
   if (bytes > (std::size_t{1} << 62)) throw std::bad_alloc();
-  const std::size_t cls = size_class(bytes);
+  // Small blocks too come from the thread's cache: an aligned allocation from
+  // the system costs about 600 instructions (glibc's memalign), more than the
+  // rest of a small collective's API call.
+  const std::size_t cls = size_class(std::max(bytes, kStorageAlignment));
   auto* p = static_cast<std::byte*>(take_block(cls));
   return std::shared_ptr<std::byte>(p, [cls, owner = this_thread_number()](std::byte* q) {
     if (!kept_aside(q, cls)) give_back_block(q, cls, owner);

@@ -1,8 +1,8 @@
 // Storage for tensor bytes: 64-byte aligned so kernels may use aligned vector
 // loads, shared so that copies and views of a Tensor need no copy of the bytes.
 //
-// Large blocks are cached: when the last Tensor using a block goes away, the
-// block goes back to a free list of its size class instead of to the system.
+// Blocks are cached: when the last Tensor using a block goes away, the block
+// goes back to a free list of its size class instead of to the system.
 // On these machines first touch of fresh memory costs about 16 us per 4 KiB
 // page (0.25 GB/s), so a collective that gets fresh output pages every call
 // would run at a tenth of memory speed; with the cache, a steady-state step
@@ -16,8 +16,10 @@
 namespace distribute::internal {
 
 inline constexpr std::size_t kStorageAlignment = 64;
-// Blocks from this size up are cached (smaller ones come from malloc's own
-// reused heap and do not fault).
+// Blocks from this size up are cached in a cache shared by every thread (and
+// counted in StorageStats); smaller ones only in the allocating thread's own
+// cache, since malloc's reused heap does not fault for them, but an aligned
+// allocation from it is slow.
 inline constexpr std::size_t kCachedMinBytes = 4096;
 
 // Uninitialised bytes; nullptr for 0 bytes.

@@ -120,20 +120,21 @@ std::size_t internal::checked_nbytes(DType dtype, const Shape& shape) {
   return static_cast<std::size_t>(bytes);
 }
 
+namespace {
+const std::string* device_or_default(std::string_view device) {
+  return device.empty() ? &internal::default_device() : internal::intern_device(device);
+}
+}  // namespace
+
 Tensor Tensor::uninitialized(DType dtype, Shape shape, std::string_view device) {
   const std::size_t bytes = internal::checked_nbytes(dtype, shape);
-  return from_shared(internal::allocate_storage(bytes), dtype, std::move(shape), device);
+  return Tensor(dtype, std::move(shape), internal::allocate_storage(bytes), device_or_default(device));
 }
 
 Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string_view device) {
-  internal::checked_nbytes(dtype, shape);
-  Tensor t;
-  t.dtype_ = dtype;
-  t.shape_ = std::move(shape);
-  t.data_ = std::move(data);
-  t.device_ = device.empty() ? &internal::default_device() : internal::intern_device(device);
-  if (!t.data_ && t.nbytes() > 0) throw InvalidArgumentError("Tensor::from_shared: null storage for " + t.shape_.to_string());
-  return t;
+  const std::size_t bytes = internal::checked_nbytes(dtype, shape);
+  if (!data && bytes > 0) throw InvalidArgumentError("Tensor::from_shared: null storage for " + shape.to_string());
+  return Tensor(dtype, std::move(shape), std::move(data), device_or_default(device));
 }
 
 void Tensor::check_dtype(DType requested) const {
@@ -183,7 +184,7 @@ double Tensor::element_as_double(std::int64_t i) const {
 
 Tensor Tensor::with_device(std::string_view device) const {
   Tensor t = *this;
-  t.device_ = device.empty() ? &internal::default_device() : internal::intern_device(device);
+  t.device_ = device_or_default(device);
   return t;
 }
 

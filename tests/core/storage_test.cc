@@ -28,16 +28,17 @@ TEST(StorageTest, ImpossibleSizesThrowBadAlloc) {
   }
 }
 
-// Every cached size class around a power of two gets a block of at least
-// the size asked, reused for a request of the same class.
+// Every size class around a power of two, from the smallest (64 bytes, the
+// alignment) up, gets a block of at least the size asked, reused for a
+// request of the same class (small ones by the thread's own cache).
 // (On a thread of its own, so that its thread cache is handed back when it
 // ends and the other tests see none of its blocks.)
 TEST(StorageTest, SizesAroundPowersOfTwoGetTheirOwnClass) {
   std::thread([] {
-    for (int log = 12; log <= 22; ++log) {
+    for (int log = 0; log <= 22; ++log) {
       const std::size_t power = std::size_t{1} << log;
       for (std::size_t bytes : {power - 1, power, power + 1, power + power / 4, power + power / 4 + 1}) {
-        if (bytes < kCachedMinBytes) continue;  // straight from the system allocator, not cached
+        if (bytes == 0) continue;
         auto a = allocate_storage(bytes);
         ASSERT_NE(a, nullptr);
         a.get()[bytes - 1] = std::byte{1};  // the whole request is ours (ASan checks the bound)
@@ -161,7 +162,7 @@ TEST(StorageTest, QuarantinedStorageIsNeverReused) {
   EXPECT_EQ(quarantined_blocks(), kept_before + 1);
   auto again = allocate_storage(299000);  // the same size class: the cache would hand `hot` back
   EXPECT_NE(again.get(), hot);
-  // A small block (not cached) is kept from the system allocator too.
+  // A small block (cached by its thread only) is kept aside too.
   {
     auto small = allocate_storage(100);
     quarantine_storage(small.get(), 1);
