@@ -616,11 +616,18 @@ Destinations Destinations::of_devices(const std::vector<std::string>& devices) {
 }
 
 namespace {
-// Copies of at least this many bytes per destination are shared with the
-// replicas paused in merge_call. Below it the two rounds that takes cost
-// more than they save (measured with 2 and 3 replicas: a loss up to 256 KiB,
-// a tie at 1 MiB with 3, 1.7 to 2.6x faster from 4 MiB; docs/benchmarks.md).
-constexpr std::size_t kShareCopiesBytes = std::size_t{1} << 20;
+// Copies are shared with the replicas paused in merge_call from this many
+// bytes per destination for each replica that helps. Below it the two
+// rounds that takes cost more than they save; with more replicas the rounds
+// cost more (measured: with 2 replicas sharing pays from 128 KiB and ties at
+// 64 KiB; with 3 it pays from 256 KiB and loses at 128 KiB; with 4 it ties
+// at 256-512 KiB; docs/benchmarks.md, "broadcast_to through merge_call").
+constexpr std::size_t kShareCopiesBytesPerHelper = std::size_t{128} << 10;
+
+bool worth_sharing(const Strategy& strategy, std::size_t bytes) {
+  const auto helpers = static_cast<std::size_t>(strategy.num_local_replicas() - 1);
+  return helpers > 0 && bytes >= kShareCopiesBytesPerHelper * helpers;
+}
 
 // The copies of one place_on, seen as one run of bytes (every destination
 // after the other) that the members of the group split evenly. It holds the
@@ -660,7 +667,7 @@ Mirrored<Tensor> place_on(const Strategy& strategy, const Tensor& value, const s
                                                 : devices.size();
   std::vector<Tensor> copies;
   copies.reserve(devices.size());
-  if (value.nbytes() < kShareCopiesBytes) {
+  if (!worth_sharing(strategy, value.nbytes())) {
     for (std::size_t i = 0; i < devices.size(); ++i) {
       copies.push_back((i == kept ? value : value.clone()).with_device(devices[i]));
     }

@@ -76,18 +76,19 @@ TEST(MergeCallTest, ReduceToInsideMergeFnIsAnAllReduce) {
 }
 
 // broadcast_to and reduce_to inside a merge_fn share large copies (from
-// 1 MiB per destination) with the replicas paused in merge_call, split
+// 128 KiB per destination for each helping replica) with the replicas
+// paused in merge_call, split
 // evenly by bytes whatever the number of destinations. Every copy must be
 // whole when the call returns (merge_fn reads them), exact, and its own; the
 // first destination on the source's own device is the source itself (its
 // storage shared, as TensorFlow's identity on one device).
 TEST(MergeCallTest, LargeCopiesSharedWithPausedReplicasAreExactAndDistinct) {
-  constexpr std::int64_t kMiB = 1 << 20;
   for (int n : testing::kReplicaCounts) {
     auto s = testing::mirrored(n);
     const std::vector<std::string>& devices = s->devices();
     const std::vector<std::string> three = {devices[0], devices.back(), devices[0]};
-    for (const std::int64_t bytes : {kMiB - 1, kMiB, kMiB + 3, 3 * kMiB + 7}) {
+    const std::int64_t shared_from = (std::int64_t{128} << 10) * std::max(1, n - 1);  // on both sides of it
+    for (const std::int64_t bytes : {shared_from - 1, shared_from, shared_from + 3, 3 * shared_from + 7}) {
       SCOPED_TRACE(std::to_string(n) + " replicas, " + std::to_string(bytes) + " bytes");
       Tensor source = Tensor::uninitialized(DType::kInt8, Shape{bytes});
       auto bytes_of = source.mutable_flat<std::int8_t>();
