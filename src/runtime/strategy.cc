@@ -646,7 +646,8 @@ struct CopyJob final : internal::MergeTask {
     while (at < end) {
       const std::size_t k = at / bytes, offset = at % bytes;
       const std::size_t n = std::min(end - at, bytes - offset);
-      std::memcpy(static_cast<std::byte*>(destinations[k].mutable_raw_data()) + offset, from + offset, n);
+      internal::SharedMemoryCommunicator::copy_broadcast_part(
+          static_cast<std::byte*>(destinations[k].mutable_raw_data()) + offset, from + offset, n, bytes);
       at += n;
     }
   }

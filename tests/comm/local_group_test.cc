@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "testing/threads.h"
@@ -33,6 +34,32 @@ TEST(LocalGroupTest, EveryMemberSeesEveryEntryInMemberOrder) {
       }
     });
     for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
+  }
+}
+
+// An object passed with an entry (a merge_fn's result, a copy job) is let go
+// once the round after it has completed, arrive() or release(), so that the
+// tensors it holds go back to the cache before the next step allocates.
+TEST(LocalGroupTest, AnEntrysObjectIsLetGoOnceTheNextRoundHasCompleted) {
+  for (const bool release : {false, true}) {
+    LocalGroup group(3);
+    auto object = std::make_shared<int>(7);
+    const std::weak_ptr<int> watch = object;
+    std::atomic<bool> alive_after_first{false};
+    auto errors = run_threads(3, [&](int r) {
+      const auto& entries = group.arrive(r, {.object = r == 0 ? std::move(object) : nullptr}, call("test", 1));
+      // Readable through this round: the next one has not begun.
+      EXPECT_EQ(*std::static_pointer_cast<int>(entries[0].object), 7);
+      if (r == 0) alive_after_first = !watch.expired();
+      release ? group.release(r, call("test", 1)) : static_cast<void>(group.arrive(r, {}, call("test", 2)));
+      // Every member has passed the next round: member 0 let go of its object.
+      if (r == 0) {
+        EXPECT_TRUE(watch.expired());
+      }
+    });
+    for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
+    EXPECT_TRUE(alive_after_first);
+    EXPECT_TRUE(watch.expired());
   }
 }
 

@@ -137,10 +137,20 @@ void LocalGroup::count_arrival(int member, std::uint64_t round, const Collective
   }
 }
 
+void LocalGroup::forget_round_before(int member, std::uint64_t round) {
+  // Every member has arrived at `round`, so none reads the round before it
+  // any more: what this member's entry there holds (a merge_fn's result, a
+  // copy job and its tensors) is let go now, not two rounds later. A result
+  // kept that long made the next step allocate its outputs afresh instead of
+  // reusing the blocks it had just freed.
+  if (round > 0) slots_[(round - 1) & 1][static_cast<std::size_t>(member)].object.reset();
+}
+
 const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
   if (failed_.load(std::memory_order_acquire)) throw_failure();
   const std::uint64_t round = publish_arrival(member, std::move(entry), call);
   count_arrival(member, round, call, /*release=*/false);
+  forget_round_before(member, round);
   // The signature tags of a collective's first round must all agree.
   const std::vector<Entry>& slots = slots_[round & 1];
   bool tagged = false, differ = false;
@@ -157,6 +167,7 @@ void LocalGroup::release(int member, const CollectiveCall& call) {
   // No check of failed_ first: the others may be waiting for this arrival.
   const std::uint64_t round = publish_arrival(member, Entry{}, call);
   count_arrival(member, round, call, /*release=*/true);
+  forget_round_before(member, round);
 }
 
 bool LocalGroup::withdraw(std::uint64_t round) {

@@ -11,7 +11,8 @@
 // A round's entries stay readable until the member starts its next round:
 // entries are double-buffered by round parity, and round g+2 cannot begin
 // before every member has arrived at round g+1. The same holds for each
-// member's inline area, where small messages are staged.
+// member's inline area, where small messages are staged. An entry's `object`
+// is let go once round g+1 has completed.
 //
 // Waiting never hangs silently: a member that has finished its replica
 // function can never arrive, which fails the round at once
@@ -108,6 +109,9 @@ class LocalGroup {
   // (`release`: as release() waits).
   void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, bool release);
   void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, bool release);
+  // After `round` completed: drops the object of the member's entry in the
+  // round before it.
+  void forget_round_before(int member, std::uint64_t round);
   // Takes back an arrival at `round`, so that the round can never complete;
   // false if it already has (every member arrived): then go on with it.
   bool withdraw(std::uint64_t round);

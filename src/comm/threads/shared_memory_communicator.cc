@@ -67,6 +67,16 @@ void stream_fence() {
 }
 }  // namespace
 
+void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, std::size_t n,
+                                                   std::size_t message_bytes) {
+  if (message_bytes >= kStreamBytes) {
+    stream_copy(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
+    stream_fence();
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
 SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {}
 

@@ -43,6 +43,11 @@ class SharedMemoryCommunicator final : public Communicator {
   // 256 MiB.
   static constexpr std::size_t kStreamBytes = 24 << 20;
 
+  // Copies n bytes of a broadcast of `message_bytes` as the engine's
+  // broadcast does (streaming, then fenced, from kStreamBytes): for the
+  // copies other layers share among the replicas (broadcast_to in a merge_fn).
+  static void copy_broadcast_part(void* dst, const void* src, std::size_t n, std::size_t message_bytes);
+
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank);
 
   int rank() const override { return rank_; }
