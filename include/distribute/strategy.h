@@ -78,8 +78,16 @@ class StrategyExtended {
  public:
   explicit StrategyExtended(Strategy& strategy) : strategy_(&strategy) {}
 
-  // Reduces `value` across replicas and places a copy on every destination
-  // device. Cross-replica context only (also inside merge_fn).
+  // Reduces `value` across replicas and places the result on every
+  // destination device. Cross-replica context only (also inside merge_fn).
+  //
+  // Placement (here and in broadcast_to), as TensorFlow's identity under each
+  // destination's device: the first destination on the value's own device
+  // gets the value itself (a Tensor copy: the same storage, no bytes copied);
+  // every other destination gets a copy of its own. So a tensor written in
+  // place later (through mutable_raw_data, or a variable's value(), a view
+  // that sees the variable's writes) shows that write in the result on its
+  // device: pass clone() (or read_value()) for a snapshot.
   Mirrored<Tensor> reduce_to(ReduceOp op, const PerReplica<Tensor>& value, const Destinations& destinations,
                              const CommunicationOptions& options = {});
   // A Mirrored value: MEAN returns it (placed on the destinations); SUM is an
@@ -95,8 +103,8 @@ class StrategyExtended {
   std::vector<Mirrored<Tensor>> batch_reduce_to(
       ReduceOp op, const std::vector<std::pair<PerReplica<Tensor>, Destinations>>& value_destination_pairs,
       const CommunicationOptions& options = {});
-  // A copy of `tensor` on every destination device (every local device when
-  // `destinations` is nullopt).
+  // `tensor` on every destination device (every local device when
+  // `destinations` is nullopt), placed as reduce_to says.
   Mirrored<Tensor> broadcast_to(const Tensor& tensor, const std::optional<Destinations>& destinations = std::nullopt);
 
   // Runs fn(component_i, select_replica(i, args)...) for every component of

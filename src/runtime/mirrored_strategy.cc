@@ -2,6 +2,7 @@
 #include "distribute/multi_worker_mirrored_strategy.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <thread>
 
@@ -27,7 +28,31 @@ bool parse_index(std::string_view text, int& out) {
 
 }  // namespace
 
+namespace {
+std::string parse_device_name(std::string_view device);
+}  // namespace
+
 std::string canonical_device_name(std::string_view device) {
+  // A program names the same few devices again and again (a variable's
+  // device in every write's Destinations): a thread's last four answers are
+  // looked up before parsing.
+  struct Recent {
+    std::string given, canonical;
+  };
+  thread_local std::array<Recent, 4> recent;
+  thread_local std::size_t next = 0;
+  for (const Recent& r : recent) {
+    if (!r.canonical.empty() && r.given == device) return r.canonical;
+  }
+  std::string canonical = parse_device_name(device);
+  Recent& slot = recent[next++ % recent.size()];
+  slot.given.assign(device);
+  slot.canonical = canonical;
+  return canonical;
+}
+
+namespace {
+std::string parse_device_name(std::string_view device) {
   const std::string original(device);
   auto bad = [&](const std::string& why) -> std::string {
     throw InvalidArgumentError("device '" + original + "': " + why +
@@ -90,6 +115,7 @@ std::string canonical_device_name(std::string_view device) {
   }
   return "/job:" + job + "/replica:0/task:" + std::to_string(task) + "/device:" + type + ":" + std::to_string(index);
 }
+}  // namespace
 
 namespace {
 std::vector<std::string> canonical_devices(const std::vector<std::string>& devices) {

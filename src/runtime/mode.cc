@@ -1,5 +1,7 @@
 #include "runtime/mode.h"
 
+#include <atomic>
+
 #include <optional>
 
 #include "comm/threads/shared_memory_communicator.h"
@@ -46,9 +48,16 @@ int current_merge_depth(const Strategy& s) {
   return stack.back().merge_depth;
 }
 
+namespace {
+std::atomic<std::uint64_t> shared_tasks{0};
+}  // namespace
+
+std::uint64_t shared_merge_tasks() { return shared_tasks.load(std::memory_order_relaxed); }
+
 bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const MergeTask>& task) {
   const auto& stack = mode_stack();
   if (stack.empty() || stack.back().cross_replica != &s || stack.back().merge_helpers == nullptr) return false;
+  shared_tasks.fetch_add(1, std::memory_order_relaxed);
   LocalGroup& group = *stack.back().merge_helpers;
   const CollectiveCall& rounds = *stack.back().merge_rounds;
   // The paused replicas see the task in the first round (ReplicaContext::

@@ -2,6 +2,7 @@
 // (TensorFlow's _get_per_thread_mode). An empty stack is the default mode.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,8 @@ class MergeTask {
 // rounds of the group); returns false otherwise, and the caller does the
 // work alone.
 bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const MergeTask>& task);
+// Tasks shared so far in this process (for tests).
+std::uint64_t shared_merge_tasks();
 // The round entry that carries a MergeTask in its `object` (a merge_fn's
 // result carries none).
 inline const char kMergeTaskMark = 0;

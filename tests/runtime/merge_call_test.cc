@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/threads/local_group.h"
+#include "runtime/mode.h"
 #include "runtime/replica_channel.h"
 #include "testing/strategies.h"
 
@@ -137,6 +138,44 @@ TEST(MergeCallTest, LargeCopiesSharedWithPausedReplicasAreExactAndDistinct) {
       }
     }
   }
+}
+
+// Copies are shared with the paused replicas from 128 KiB per destination
+// for each helping replica, not below; a value on one destination's device is
+// that destination's result, so with N replicas N - 1 copies are made.
+TEST(MergeCallTest, CopiesAreSharedFromTheThresholdOfTheReplicaCount) {
+  for (int n : {2, 3, 4}) {
+    auto s = testing::mirrored(n);
+    const std::int64_t shared_from = (std::int64_t{128} << 10) * (n - 1);
+    for (const std::int64_t bytes : {shared_from - 1, shared_from}) {
+      SCOPED_TRACE(std::to_string(n) + " replicas, " + std::to_string(bytes) + " bytes");
+      const std::uint64_t before = internal::shared_merge_tasks();
+      s->run([&](ReplicaContext& ctx) {
+        const Tensor mine = Tensor(DType::kInt8, Shape{bytes});
+        const Tensor copy = ctx.merge_call(
+            [](Strategy& strategy, const PerReplica<Tensor>& v) { return strategy.extended().broadcast_to(v[0]); },
+            mine);
+        EXPECT_EQ(copy.num_elements(), bytes);
+        return 0;
+      });
+      EXPECT_EQ(internal::shared_merge_tasks() - before, bytes >= shared_from ? 1u : 0u);
+    }
+  }
+}
+
+// From 24 MiB per destination the shared copies use streaming stores, as the
+// engine's broadcast: every byte arrives, whatever the alignment of the parts.
+TEST(MergeCallTest, StreamedSharedCopiesAreExact) {
+  auto s = testing::mirrored(2);
+  const std::int64_t bytes = (std::int64_t{24} << 20) + 5;
+  Tensor source = Tensor::uninitialized(DType::kInt8, Shape{bytes});
+  auto bytes_of = source.mutable_flat<std::int8_t>();
+  for (std::int64_t i = 0; i < bytes; ++i) bytes_of[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(i % 253);
+  auto r = s->run([&](ReplicaContext& ctx) {
+    return ctx.merge_call([&](Strategy& strategy) { return strategy.extended().broadcast_to(source); });
+  });
+  for (const Tensor& t : r.values()) EXPECT_EQ(t, source);
+  EXPECT_NE(r[1].raw_data(), source.raw_data());
 }
 
 TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
