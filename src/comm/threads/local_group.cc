@@ -116,6 +116,7 @@ void LocalGroup::fail_locked(ErrorCode code, std::string message, int origin) {
 std::uint64_t LocalGroup::publish_arrival(int member, Entry entry, const CollectiveCall& call) {
   Member& me = members_[static_cast<std::size_t>(member)];
   const std::uint64_t round = me.rounds.load(std::memory_order_relaxed);  // written by this thread only
+  me.holds_object[round & 1] = entry.object != nullptr;
   slots_[round & 1][static_cast<std::size_t>(member)] = std::move(entry);
   me.last_op.store(call.op.data(), std::memory_order_relaxed);
   me.last_op_len.store(call.op.size(), std::memory_order_relaxed);
@@ -143,7 +144,12 @@ void LocalGroup::forget_round_before(int member, std::uint64_t round) {
   // copy job and its tensors) is let go now, not two rounds later. A result
   // kept that long made the next step allocate its outputs afresh instead of
   // reusing the blocks it had just freed.
-  if (round > 0) slots_[(round - 1) & 1][static_cast<std::size_t>(member)].object.reset();
+  Member& me = members_[static_cast<std::size_t>(member)];
+  const std::uint64_t parity = (round - 1) & 1;
+  if (round > 0 && me.holds_object[parity]) {
+    slots_[parity][static_cast<std::size_t>(member)].object.reset();
+    me.holds_object[parity] = false;
+  }
 }
 
 const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
@@ -319,6 +325,7 @@ void LocalGroup::reset() {
     me.last_op.store(nullptr, std::memory_order_relaxed);
     me.last_op_len.store(0, std::memory_order_relaxed);
     me.last_sequence.store(0, std::memory_order_relaxed);
+    me.holds_object[0] = me.holds_object[1] = false;
   }
   for (auto& slots : slots_) {
     for (auto& e : slots) e = Entry{};

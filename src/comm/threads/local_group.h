@@ -101,6 +101,10 @@ class LocalGroup {
     std::atomic<std::size_t> last_op_len{0};
     std::atomic<std::uint64_t> last_sequence{0};
     std::byte* inline_area[2] = {nullptr, nullptr};
+    // Whether the member's entry of each parity holds an object (this
+    // member's thread only): forget_round_before touches the slot, a line
+    // the others are writing their next entries into, only when it must.
+    bool holds_object[2] = {false, false};
   };
 
   // Publishes this member's arrival at its next round; returns that round.
