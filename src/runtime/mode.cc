@@ -1,7 +1,6 @@
 #include "runtime/mode.h"
 
 #include <atomic>
-
 #include <optional>
 
 #include "comm/threads/shared_memory_communicator.h"
