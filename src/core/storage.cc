@@ -146,17 +146,21 @@ thread_local bool thread_cache_gone = false;
 // (and its lock, and its statistics) is for blocks whose fresh pages fault.
 bool shared_class(std::size_t cls) { return cls >= kCachedMinBytes; }
 
+// Past the thread caches: the shared cache, or the system for small blocks.
+void* take_elsewhere(std::size_t cls) { return shared_class(cls) ? cache().take(cls) : system_allocate(cls); }
+void give_back_elsewhere(void* p, std::size_t cls) {
+  if (shared_class(cls)) {
+    cache().give_back(p, cls);
+  } else {
+    system_free(p);
+  }
+}
+
 ThreadCache::~ThreadCache() {
   thread_cache_gone = true;
   for (auto& list : free) {
     const std::size_t cls = class_bytes(static_cast<std::size_t>(&list - free.data()));
-    for (void* p : list) {
-      if (shared_class(cls)) {
-        cache().give_back(p, cls);
-      } else {
-        system_free(p);
-      }
-    }
+    for (void* p : list) give_back_elsewhere(p, cls);
   }
 }
 
@@ -183,7 +187,7 @@ void* take_block(std::size_t cls) {
       return p;
     }
   }
-  return shared_class(cls) ? cache().take(cls) : system_allocate(cls);
+  return take_elsewhere(cls);
 }
 
 // `owner`: the number of the thread that allocated the block.
@@ -198,11 +202,7 @@ void give_back_block(void* p, std::size_t cls, std::uint64_t owner) {
       }
     }
   }
-  if (shared_class(cls)) {
-    cache().give_back(p, cls);
-  } else {
-    system_free(p);
-  }
+  give_back_elsewhere(p, cls);
 }
 
 // Ranges a transport may still write into, and the blocks kept aside for

@@ -9,6 +9,7 @@
 #include <unordered_set>
 #include <ostream>
 
+#include "core/recent_answers.h"
 #include "core/storage.h"
 
 namespace distribute {
@@ -71,24 +72,14 @@ thread_local const std::string* current_device = nullptr;
 }  // namespace
 
 const std::string* intern_device(std::string_view device) {
-  // A thread names the same few devices again and again (its replica's, the
-  // destinations of a broadcast): the last ones it interned are checked first,
-  // without the lock.
-  constexpr std::size_t kRecent = 4;
-  thread_local std::array<const std::string*, kRecent> recent{};
-  thread_local std::size_t next = 0;
-  for (const std::string* name : recent) {
-    if (name != nullptr && *name == device) return name;
-  }
-  static std::mutex* mu = new std::mutex();
-  static auto* names = new std::unordered_set<std::string>();  // never destroyed: tensors outlive statics
-  const std::string* name = nullptr;
-  {
+  // The last names this thread interned are checked first, without the lock.
+  thread_local RecentAnswers<const std::string*> recent;
+  return recent.get(device, [](std::string_view name) {
+    static std::mutex* mu = new std::mutex();
+    static auto* names = new std::unordered_set<std::string>();  // never destroyed: tensors outlive statics
     std::lock_guard<std::mutex> lock(*mu);
-    name = &*names->emplace(device).first;
-  }
-  recent[next++ % kRecent] = name;
-  return name;
+    return &*names->emplace(name).first;
+  });
 }
 
 const std::string& default_device() {

@@ -2,9 +2,10 @@
 #include "distribute/multi_worker_mirrored_strategy.h"
 
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <thread>
+
+#include "core/recent_answers.h"
 
 namespace distribute {
 namespace {
@@ -33,22 +34,9 @@ std::string parse_device_name(std::string_view device);
 }  // namespace
 
 std::string canonical_device_name(std::string_view device) {
-  // A program names the same few devices again and again (a variable's
-  // device in every write's Destinations): a thread's last four answers are
-  // looked up before parsing.
-  struct Recent {
-    std::string given, canonical;
-  };
-  thread_local std::array<Recent, 4> recent;
-  thread_local std::size_t next = 0;
-  for (const Recent& r : recent) {
-    if (!r.canonical.empty() && r.given == device) return r.canonical;
-  }
-  std::string canonical = parse_device_name(device);
-  Recent& slot = recent[next++ % recent.size()];
-  slot.given.assign(device);
-  slot.canonical = canonical;
-  return canonical;
+  // The last names this thread asked about are answered without parsing.
+  thread_local internal::RecentAnswers<std::string> recent;
+  return recent.get(device, parse_device_name);
 }
 
 namespace {

@@ -634,6 +634,7 @@ bool worth_sharing(const Strategy& strategy, std::size_t bytes) {
 // source and the destinations, so that a member still copying never writes
 // into freed memory.
 struct CopyJob final : internal::MergeTask {
+  CopyJob(Tensor from, std::vector<Tensor> to) : source(std::move(from)), destinations(std::move(to)) {}
   Tensor source;
   std::vector<Tensor> destinations;
 
@@ -668,23 +669,22 @@ Mirrored<Tensor> place_on(const Strategy& strategy, const Tensor& value, const s
                                                 : devices.size();
   std::vector<Tensor> copies;
   copies.reserve(devices.size());
-  if (!worth_sharing(strategy, value.nbytes())) {
-    for (std::size_t i = 0; i < devices.size(); ++i) {
-      copies.push_back((i == kept ? value : value.clone()).with_device(devices[i]));
-    }
-    return Mirrored<Tensor>(std::move(copies));
-  }
-  auto job = std::make_shared<CopyJob>();
-  job->source = value;
+  std::vector<Tensor> to_fill;
   for (std::size_t i = 0; i < devices.size(); ++i) {
     if (i == kept) {
       copies.push_back(value.with_device(devices[i]));
     } else {
       copies.push_back(Tensor::uninitialized(value.dtype(), value.shape(), devices[i]));
-      job->destinations.push_back(copies.back());
+      to_fill.push_back(copies.back());
     }
   }
-  if (!job->destinations.empty() && !internal::share_with_paused_replicas(strategy, job)) job->run(0, 1);
+  if (to_fill.empty()) return Mirrored<Tensor>(std::move(copies));
+  if (worth_sharing(strategy, value.nbytes())) {
+    const auto job = std::make_shared<const CopyJob>(value, std::move(to_fill));
+    if (!internal::share_with_paused_replicas(strategy, job)) job->run(0, 1);
+  } else {
+    CopyJob(value, std::move(to_fill)).run(0, 1);  // alone, no heap
+  }
   return Mirrored<Tensor>(std::move(copies));
 }
 }  // namespace

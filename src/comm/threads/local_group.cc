@@ -144,9 +144,10 @@ void LocalGroup::forget_round_before(int member, std::uint64_t round) {
   // copy job and its tensors) is let go now, not two rounds later. A result
   // kept that long made the next step allocate its outputs afresh instead of
   // reusing the blocks it had just freed.
+  if (round == 0) return;
   Member& me = members_[static_cast<std::size_t>(member)];
   const std::uint64_t parity = (round - 1) & 1;
-  if (round > 0 && me.holds_object[parity]) {
+  if (me.holds_object[parity]) {
     slots_[parity][static_cast<std::size_t>(member)].object.reset();
     me.holds_object[parity] = false;
   }
