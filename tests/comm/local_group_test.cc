@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -63,20 +66,162 @@ TEST(LocalGroupTest, AnEntrysObjectIsLetGoOnceTheNextRoundHasCompleted) {
   }
 }
 
-TEST(LocalGroupTest, AbortWakesEveryWaiterWithTheSameError) {
-  LocalGroup group(3);
+// Members 0 and 1 of a group of 3 call `arrive(rank)`, which waits for
+// member 2; 20 ms after both have begun, member 2 aborts the group. Returns
+// what each raised.
+std::vector<std::exception_ptr> abort_while_two_wait(LocalGroup& group, const std::function<void(int)>& arrive) {
   std::atomic<int> waiting{0};
   std::thread aborter([&] {
     while (waiting.load() < 2) std::this_thread::yield();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     group.abort(ErrorCode::kAborted, "replica 2 failed", 2);
   });
-  const auto start = std::chrono::steady_clock::now();
   auto errors = run_threads(2, [&](int r) {
     ++waiting;
-    group.arrive(r, {}, call("all_reduce", 1, 0));
+    arrive(r);
   });
   aborter.join();
+  return errors;
+}
+
+// A small round's bytes, as a number.
+std::uint64_t small_value(const std::byte* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Small rounds (each member's bytes in the line that announces it) among
+// ordinary and release rounds: every member sees every member's bytes of its
+// round, members leaving small rounds early never upset the counting of the
+// others, and (a spin of 0) a member asleep in a round of either kind is
+// woken by the last arrival.
+TEST(LocalGroupTest, SmallRoundsAmongOrdinaryOnesSeeEveryMembersBytes) {
+  for (const char* spin : {"1000", "0"}) {
+    ::setenv("DISTRIBUTE_SPIN_MICROSECONDS", spin, 1);
+    for (int n : {1, 2, 3, 5}) {
+      LocalGroup group(n);
+      auto errors = run_threads(n, [&](int r) {
+        for (std::uint64_t round = 0; round < 300; ++round) {
+          const std::uint64_t mine = static_cast<std::uint64_t>(r) * 1000000 + round;
+          if (round % 3 == 2) {
+            const auto& entries = group.arrive(r, {.payload = std::to_string(mine)}, call("test", round));
+            for (int q = 0; q < n; ++q) {
+              EXPECT_EQ(entries[static_cast<std::size_t>(q)].payload, std::to_string(q * 1000000 + round));
+            }
+            if (round % 2 == 0) group.release(r, call("test", round));
+          } else {
+            const auto data = group.arrive_small(r, &mine, sizeof mine, call("test", round));
+            ASSERT_EQ(data.size(), static_cast<std::size_t>(n));
+            for (int q = 0; q < n; ++q) {
+              EXPECT_EQ(small_value(data[static_cast<std::size_t>(q)]), static_cast<std::uint64_t>(q) * 1000000 + round);
+            }
+          }
+        }
+      });
+      for (auto& e : errors) EXPECT_FALSE(e) << "spin " << spin << ", " << n << " members: " << message_of(e);
+    }
+  }
+  ::unsetenv("DISTRIBUTE_SPIN_MICROSECONDS");
+}
+
+// Tags are checked as in an ordinary round: any difference (or bit 0) is a
+// SignatureMismatch on every member, and the group stays usable.
+TEST(LocalGroupTest, SmallRoundsWithDifferentTagsMismatchOnEveryMember) {
+  LocalGroup group(3);
+  auto errors = run_threads(3, [&](int r) {
+    CollectiveCall c = call("all_reduce", 1);
+    c.signature_tag = r == 1 ? 6 : 4;
+    const std::uint64_t mine = 1;
+    group.arrive_small(r, &mine, sizeof mine, c);
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+  }
+  auto again = run_threads(3, [&](int r) {
+    const std::uint64_t mine = static_cast<std::uint64_t>(r);
+    const auto data = group.arrive_small(r, &mine, sizeof mine, call("all_reduce", 2));
+    EXPECT_EQ(small_value(data[2]), 2u);
+  });
+  for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
+}
+
+// A member in a small round meeting one in an ordinary round (two different
+// collectives, even untagged): both throw SignatureMismatch, the ordinary one
+// once the small ones have joined its round, asleep or not, and the next
+// rounds go on.
+TEST(LocalGroupTest, ASmallRoundMeetingAnOrdinaryOneMismatchesOnBoth) {
+  for (const char* spin : {"1000", "0"}) {
+    ::setenv("DISTRIBUTE_SPIN_MICROSECONDS", spin, 1);
+    for (const std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{4}}) {
+      LocalGroup group(3);
+      CollectiveCall c = call("all_reduce", 1);
+      c.signature_tag = tag;
+      const auto start = std::chrono::steady_clock::now();
+      auto errors = run_threads(3, [&](int r) {
+        if (r == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the others are waiting (asleep with spin 0)
+          group.arrive(r, {.tag = tag}, c);
+        } else {
+          const std::uint64_t mine = 1;
+          group.arrive_small(r, &mine, sizeof mine, c);
+        }
+      });
+      // At once, not at the 10 s timeout: the ordinary arrival wakes the sleepers.
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "spin " << spin;
+      for (auto& e : errors) {
+        ASSERT_TRUE(e) << "spin " << spin;
+        EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+      }
+      auto again = run_threads(3, [&](int r) {
+        const auto& entries = group.arrive(r, {.payload = std::to_string(r)}, call("explain", 1));
+        EXPECT_EQ(entries[1].payload, "1");
+        const std::uint64_t mine = static_cast<std::uint64_t>(r) + 10;
+        EXPECT_EQ(small_value(group.arrive_small(r, &mine, sizeof mine, call("barrier", 2))[0]), 10u);
+      });
+      for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
+    }
+  }
+  ::unsetenv("DISTRIBUTE_SPIN_MICROSECONDS");
+}
+
+// A small round fails as an ordinary one does: a member that is done at
+// once, a timeout naming who did not come, an abort on every waiter.
+TEST(LocalGroupTest, SmallRoundsFailAsOrdinaryOnesDo) {
+  {
+    LocalGroup group(2);
+    group.mark_done(1);
+    EXPECT_THROW(group.arrive_small(0, nullptr, 0, call("barrier", 3, 0)), FailedPreconditionError);
+  }
+  {
+    LocalGroup group(3);
+    auto errors = run_threads(2, [&](int r) { group.arrive_small(r, nullptr, 0, call("barrier", 4, 0.05)); });
+    for (auto& e : errors) {
+      ASSERT_TRUE(e);
+      EXPECT_THROW(std::rethrow_exception(e), DeadlineExceededError);
+      EXPECT_NE(message_of(e).find("barrier #4 timed out"), std::string::npos) << message_of(e);
+      EXPECT_NE(message_of(e).find("replica(s) 2 did not arrive"), std::string::npos) << message_of(e);
+    }
+    EXPECT_THROW(group.arrive_small(2, nullptr, 0, call("barrier", 4)), DeadlineExceededError);
+  }
+  {
+    LocalGroup group(3);
+    auto errors = abort_while_two_wait(group, [&](int r) { group.arrive_small(r, nullptr, 0, call("barrier", 1, 0)); });
+    for (auto& e : errors) {
+      ASSERT_TRUE(e);
+      EXPECT_EQ(message_of(e), "replica 2 failed");
+    }
+  }
+  LocalGroup group(1);
+  std::byte too_many[LocalGroup::kSmallBytes + 1] = {};
+  EXPECT_THROW(group.arrive_small(0, too_many, sizeof too_many, call("barrier", 1)), InternalError);
+}
+
+TEST(LocalGroupTest, AbortWakesEveryWaiterWithTheSameError) {
+  LocalGroup group(3);
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = abort_while_two_wait(group, [&](int r) { group.arrive(r, {}, call("all_reduce", 1, 0)); });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2000));
   for (auto& e : errors) {
     ASSERT_TRUE(e);
@@ -249,7 +394,7 @@ class LocalGroupRaceTest : public ::testing::Test {
     return g.publish_arrival(member, {}, c);
   }
   static void count(LocalGroup& g, int member, std::uint64_t round, const CollectiveCall& c) {
-    g.count_arrival(member, round, c, /*release=*/false);
+    g.count_arrival(member, round, c, LocalGroup::RoundKind::kOrdinary);
   }
 };
 

@@ -4,9 +4,10 @@
 // last one arrives, all see every member's Entry and go on.
 //
 // A round costs one atomic increment per member and one release store by the
-// last to arrive; waiters spin for up to 1 ms (yielding their core instead
-// when members outnumber cores) and then sleep on a condition variable, so
-// idle replicas burn no CPU.
+// last to arrive; a small round (up to kSmallBytes per member) one store per
+// member, into a line of its own that the others watch. Waiters spin for up
+// to 1 ms (yielding their core instead when members outnumber cores) and
+// then sleep on a condition variable, so idle replicas burn no CPU.
 //
 // A round's entries stay readable until the member starts its next round:
 // entries are double-buffered by round parity, and round g+2 cannot begin
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,8 @@ class LocalGroup {
 
   // Bytes of each member's inline area (per round parity).
   static constexpr std::size_t kInlineBytes = 4 * 1024;
+  // Bytes a small round carries in the very cache line that announces it.
+  static constexpr std::size_t kSmallBytes = 48;
 
   // `shares_cores`: other processes on this host compete for the cores (a
   // worker of a multi-worker job), so waiters always yield their core rather
@@ -68,6 +72,22 @@ class LocalGroup {
   // longer complete behind its back; if every member had already arrived,
   // the round completed and it goes on as the others do.
   const std::vector<Entry>& arrive(int member, Entry entry, const CollectiveCall& call);
+
+  // A round whose entries are at most kSmallBytes of data each, copied into
+  // the group: each member writes its bytes and its arrival into one cache
+  // line of its own, and a waiter watches those lines, so that a member
+  // learns of the last arrival, and reads its bytes, in one transfer between
+  // cores (an ordinary round moves the arrival counter, the round's
+  // completion and the entries: three or four). Returns every member's
+  // bytes, in member order, readable until this member's round after next.
+  // Tags are checked as arrive() checks them; a member that meets another in
+  // an ordinary round (another collective) throws SignatureMismatch, as the
+  // other does. A member may leave as soon as every member's bytes are here,
+  // before the round's arrivals are all counted: it reads nothing a member
+  // owns, so a member that leaves the round on a failure meanwhile takes
+  // nothing from under it.
+  std::span<const std::byte* const> arrive_small(int member, const void* data, std::size_t bytes,
+                                                 const CollectiveCall& call);
 
   // The last round of a collective whose members read or write each other's
   // buffers after its data round: every member passed that round together
@@ -94,31 +114,56 @@ class LocalGroup {
   int abort_origin() const;
 
  private:
+  // One cache line.
   struct alignas(64) Member {
     std::atomic<std::uint64_t> rounds{0};  // rounds this member has arrived at
-    std::atomic<bool> done{false};
+    std::uint64_t counted = 0;             // counted rounds among them (this member's thread only)
     std::atomic<const char*> last_op{nullptr};  // for messages: the collective it last joined
-    std::atomic<std::size_t> last_op_len{0};
     std::atomic<std::uint64_t> last_sequence{0};
     std::byte* inline_area[2] = {nullptr, nullptr};
+    std::atomic<std::uint32_t> last_op_len{0};
+    std::atomic<bool> done{false};
     // Whether the member's entry of each parity holds an object (this
     // member's thread only): forget_round_before touches the slot, a line
     // the others are writing their next entries into, only when it must.
     bool holds_object[2] = {false, false};
   };
+  static_assert(sizeof(Member) == 64);
+
+  // A member's announcement of a small round, with its bytes (per parity).
+  struct alignas(64) SmallLine {
+    std::atomic<std::uint64_t> rounds{0};  // the member's rounds once it holds that round's bytes
+    std::uint64_t tag = 0;
+    std::byte data[kSmallBytes] = {};
+  };
+  static_assert(sizeof(SmallLine) == 64);
+  // What kind of round a member waits in.
+  enum class RoundKind { kOrdinary, kRelease, kSmall };
 
   // Publishes this member's arrival at its next round; returns that round.
   std::uint64_t publish_arrival(int member, Entry entry, const CollectiveCall& call);
-  // Counts the arrival; the last member completes the round, the others wait
-  // (`release`: as release() waits).
-  void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, bool release);
-  void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, bool release);
+  void put_entry(int member, std::uint64_t round, Entry entry);
+  void publish_member(Member& me, std::uint64_t round, const CollectiveCall& call, std::memory_order order);
+  // Wakes the members asleep in a round, if any, after an arrival.
+  void wake_sleepers();
+  // Counts the arrival; the last member completes the round, the others wait.
+  void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind);
+  // `target`: the count of arrivals that completes a counted round.
+  void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind,
+                      std::uint64_t target);
+  // Whether every member has arrived at small round `round` (then `small`:
+  // whether all came with small entries).
+  bool all_here_small(std::uint64_t round, bool& small, std::memory_order order) const;
+  SmallLine& small_line(int member, std::uint64_t round) {
+    return small_lines_[2 * static_cast<std::size_t>(member) + (round & 1)];
+  }
   // After `round` completed: drops the object of the member's entry in the
   // round before it.
   void forget_round_before(int member, std::uint64_t round);
-  // Takes back an arrival at `round`, so that the round can never complete;
-  // false if it already has (every member arrived): then go on with it.
-  bool withdraw(std::uint64_t round);
+  // Takes back an arrival at the counted round that completes at `target`
+  // arrivals, so that it can never complete; false if it already has (every
+  // member arrived): then go on with it.
+  bool withdraw(std::uint64_t target);
   [[noreturn]] void throw_failure_locked() const;
   [[noreturn]] void throw_failure() const;
   void fail_locked(ErrorCode code, std::string message, int origin);
@@ -131,7 +176,11 @@ class LocalGroup {
   std::unique_ptr<Member[]> members_;
   std::vector<Entry> slots_[2];
   std::unique_ptr<std::byte[]> inline_storage_;
+  std::unique_ptr<SmallLine[]> small_lines_;  // [2 * member + parity]
+  std::vector<const std::byte*> small_data_[2];  // every member's small bytes, by parity
 
+  // Arrivals at counted rounds (every round but a small one whose members
+  // all came small): the k-th counted round completes at size * k.
   alignas(64) std::atomic<std::uint64_t> arrivals_{0};
   alignas(64) std::atomic<std::uint64_t> generation_{0};  // rounds completed
   alignas(64) std::atomic<bool> failed_{false};

@@ -99,11 +99,20 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   const void** srcs = source_list.data();
 
   if (bytes <= kLatencyPathBytes) {
-    // Latency path: one round, every member reduces every inline copy.
-    std::byte* mine = group_->inline_area(rank_);
-    if (bytes) std::memcpy(mine, send, bytes);
-    const auto& entries = group_->arrive(rank_, {.send = mine, .tag = call.signature_tag}, call);
-    for (int q = 0; q < n; ++q) srcs[q] = entries[static_cast<std::size_t>(q)].send;
+    // Latency path: one round, every member reduces every member's copy (in
+    // the line that announces its arrival, up to LocalGroup::kSmallBytes).
+    const void* mine = nullptr;
+    if (bytes <= LocalGroup::kSmallBytes) {
+      const auto data = group_->arrive_small(rank_, send, bytes, call);
+      for (int q = 0; q < n; ++q) srcs[q] = data[static_cast<std::size_t>(q)];
+      mine = srcs[rank_];
+    } else {
+      std::byte* area = group_->inline_area(rank_);
+      std::memcpy(area, send, bytes);
+      const auto& entries = group_->arrive(rank_, {.send = area, .tag = call.signature_tag}, call);
+      for (int q = 0; q < n; ++q) srcs[q] = entries[static_cast<std::size_t>(q)].send;
+      mine = area;
+    }
     if (n == 1 && !(op == ReduceOp::kMean && divisor > 1)) {
       if (bytes) std::memcpy(recv, mine, bytes);
     } else {
@@ -228,6 +237,28 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
   // Small contributions travel through the inline areas: one round.
   const bool inline_path = mine <= LocalGroup::kInlineBytes &&
                            *std::max_element(counts.begin(), counts.end()) * outer * esz <= LocalGroup::kInlineBytes;
+  // Every member's rows, in member order, into this member's output.
+  const bool streaming = total >= kStreamBytes;
+  const auto gather = [&](auto&& source_of) {
+    auto* dst = static_cast<std::byte*>(recv);
+    const std::size_t rows = total == 0 ? 0 : outer;  // empty rows, however many, need no loop
+    for (std::size_t o = 0; o < rows; ++o) {
+      for (int q = 0; q < n; ++q) {
+        const std::size_t bytes = counts[static_cast<std::size_t>(q)] * esz;
+        if (bytes == 0) continue;
+        const auto* src = static_cast<const std::byte*>(source_of(q)) + o * bytes;
+        streaming ? stream_copy(dst, src, bytes) : static_cast<void>(std::memcpy(dst, src, bytes));
+        dst += bytes;
+      }
+    }
+    if (streaming) stream_fence();
+  };
+  if (inline_path && *std::max_element(counts.begin(), counts.end()) * outer * esz <= LocalGroup::kSmallBytes) {
+    // Up to 48 bytes each: in the lines of a small round.
+    const auto data = group_->arrive_small(rank_, send, mine, call);
+    gather([&](int q) { return data[static_cast<std::size_t>(q)]; });
+    return;
+  }
   const void* published = send;
   if (inline_path) {
     std::byte* area = group_->inline_area(rank_);
@@ -235,25 +266,19 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
     published = area;
   }
   const auto& entries = group_->arrive(rank_, {.send = published, .recv = recv, .tag = call.signature_tag}, call);
-  const bool streaming = total >= kStreamBytes;
-  auto* dst = static_cast<std::byte*>(recv);
-  const std::size_t rows = total == 0 ? 0 : outer;  // empty rows, however many, need no loop
-  for (std::size_t o = 0; o < rows; ++o) {
-    for (int q = 0; q < n; ++q) {
-      const std::size_t bytes = counts[static_cast<std::size_t>(q)] * esz;
-      if (bytes == 0) continue;
-      const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(q)].send) + o * bytes;
-      streaming ? stream_copy(dst, src, bytes) : static_cast<void>(std::memcpy(dst, src, bytes));
-      dst += bytes;
-    }
-  }
-  if (streaming) stream_fence();
+  gather([&](int q) { return entries[static_cast<std::size_t>(q)].send; });
   if (!inline_path && n > 1) group_->release(rank_, call);
 }
 
 void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
                                          const CollectiveCall& call) {
   const std::size_t bytes = count * size_of(dtype);
+  if (bytes <= LocalGroup::kSmallBytes) {
+    // The root's bytes in the line of a small round; the others bring none.
+    const auto data = group_->arrive_small(rank_, rank_ == root ? buffer : nullptr, rank_ == root ? bytes : 0, call);
+    if (rank_ != root && bytes) std::memcpy(buffer, data[static_cast<std::size_t>(root)], bytes);
+    return;
+  }
   const bool inline_path = bytes <= LocalGroup::kInlineBytes;
   void* published = buffer;
   if (inline_path && rank_ == root) {
@@ -285,9 +310,7 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
   if (!inline_path) group_->release(rank_, call);
 }
 
-void SharedMemoryCommunicator::barrier(const CollectiveCall& call) {
-  group_->arrive(rank_, LocalGroup::Entry{.tag = call.signature_tag}, call);
-}
+void SharedMemoryCommunicator::barrier(const CollectiveCall& call) { group_->arrive_small(rank_, nullptr, 0, call); }
 
 void SharedMemoryCommunicator::abort(ErrorCode code, const std::string& message, int origin_rank) noexcept {
   group_->abort(code, message, origin_rank);
