@@ -169,26 +169,16 @@ class Nest {
 
   // A canonical text of the structure alone, e.g. "{'a': *, 'b': [*, *]}".
   std::string structure_string() const {
-    switch (kind()) {
-      case NestKind::kLeaf: return "*";
-      case NestKind::kDict: {
-        std::string s = "{";
-        bool first = true;
-        for (const auto& [key, child] : dict_items()) {
-          s += (first ? "'" : ", '") + key + "': " + child.structure_string();
-          first = false;
-        }
-        return s + "}";
-      }
-      default: {
-        const bool list = kind() == NestKind::kList;
-        std::string s = list ? "[" : "(";
-        const auto& v = items();
-        for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i].structure_string();
-        if (!list && v.size() == 1) s += ",";
-        return s + (list ? "]" : ")");
-      }
-    }
+    std::string s;
+    append_structure(s);
+    return s;
+  }
+  // structure_string() of a list of `n` leaves, "[*, *, ...]", without the list.
+  static std::string list_of_leaves_structure(std::size_t n) {
+    std::string s = "[";
+    s.reserve(3 * n + 2);
+    for (std::size_t i = 0; i < n; ++i) s += i ? ", *" : "*";
+    return s + "]";
   }
 
   std::string kind_name() const { return std::string(internal::nest_kind_name(kind())); }
@@ -196,6 +186,39 @@ class Nest {
   friend bool operator==(const Nest& a, const Nest& b) { return a.node_ == b.node_; }
 
  private:
+  // Appends structure_string() to `s` (one string, no temporaries: a nest of
+  // hundreds of gradients is described on every all_reduce of it).
+  void append_structure(std::string& s) const {
+    switch (kind()) {
+      case NestKind::kLeaf: s += '*'; return;
+      case NestKind::kDict: {
+        s += '{';
+        bool first = true;
+        for (const auto& [key, child] : dict_items()) {
+          s += first ? "'" : ", '";
+          s += key;
+          s += "': ";
+          child.append_structure(s);
+          first = false;
+        }
+        s += '}';
+        return;
+      }
+      default: {
+        const bool list = kind() == NestKind::kList;
+        s += list ? '[' : '(';
+        const auto& v = items();
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          if (i) s += ", ";
+          v[i].append_structure(s);
+        }
+        if (!list && v.size() == 1) s += ',';
+        s += list ? ']' : ')';
+        return;
+      }
+    }
+  }
+
   // (Written out, not defaulted: clang checks a defaulted comparison when the
   // struct is complete, and Nest is not complete yet.)
   struct List {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "core/reduce_kernels.h"
@@ -194,60 +195,81 @@ void add_field(Signature& sig, std::string_view key, std::string_view value) {
   sig.fields.emplace_back(std::string(key), std::string(value));
 }
 
-void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value, const std::vector<Tensor>& leaves,
+void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value, std::span<const Tensor> leaves,
                          std::int64_t bytes_per_pack) {
   all_reduce_fields(op, value.structure_string(), bytes_per_pack,
                     [&](std::string_view key, std::string_view text) { add_field(sig, key, text); });
   for (const Tensor& t : leaves) sig.leaves.push_back({t.dtype(), t.shape().dims()});
 }
-}  // namespace
 
-Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, const CommunicationOptions& options) {
-  auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
-  ReplicaChannel& ch = *channel_;
-  const std::vector<Tensor> leaves = value.flatten();
-  describe_all_reduce(sig, op, value, leaves, opts.bytes_per_pack);
-  // Fast path: the signature's hash travels with the first data round. Only if
-  // the hashes differ do the replicas exchange full signatures, to explain.
-  call.signature_tag = sig.tag(/*with_leaves=*/true);
+// The tag describe_all_reduce's Signature would have, hashed from the
+// arguments in place: a Signature costs heap allocations per leaf (hundreds
+// for a model's gradients), and is built only to explain a mismatch.
+std::uint64_t all_reduce_tag(const Signature& sig, ReduceOp op, std::string_view structure,
+                             std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
+  internal::TagHasher tag(sig.op, sig.sequence);
+  all_reduce_fields(op, structure, bytes_per_pack,
+                    [&](std::string_view key, std::string_view text) { tag.field(key, text); });
+  tag.leaf_count(leaves.size());
+  for (const Tensor& t : leaves) tag.leaf(t.dtype(), t.shape().dims_span());
+  return tag.finish(sig.error_code.has_value());
+}
+
+// The rest of an all_reduce once it has begun: `leaves` are the value
+// flattened, of structure `structure`; `as_nest` makes the value as a Nest,
+// only to explain a mismatch.
+template <class AsNest>
+std::vector<Tensor> reduce_leaves(ReplicaContext& ctx, ReduceOp op, const std::vector<Tensor>& leaves,
+                                  std::string_view structure, CollectiveStart& start, const AsNest& as_nest) {
+  ReplicaChannel& ch = ctx.channel();
+  const std::int64_t bytes_per_pack = start.options.bytes_per_pack;
+  // The hash travels with the first data round. Only if the hashes differ do
+  // the replicas exchange full signatures, to explain.
+  start.call.signature_tag = all_reduce_tag(start.sig, op, structure, leaves, bytes_per_pack);
   const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   try {
-    return Nest<Tensor>::pack_sequence_as(
-        value, reduce_packed(ch, leaves, op, std::max<std::int64_t>(0, opts.bytes_per_pack), call, device));
+    return reduce_packed(ch, leaves, op, std::max<std::int64_t>(0, bytes_per_pack), start.call, device);
   } catch (const internal::SignatureMismatch&) {
-    const std::vector<std::string> paths = value.flatten_paths();
-    explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,
+    const Nest<Tensor> nest = as_nest();
+    describe_all_reduce(start.sig, op, nest, leaves, bytes_per_pack);
+    const std::vector<std::string> paths = nest.flatten_paths();
+    explain_mismatch(ch, start.sig, start.call, first_replica_of_group(ctx), internal::ShapeRule::kEqual, 0,
                      namer_for(paths));
   }
 }
+}  // namespace
+
+Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, const CommunicationOptions& options) {
+  CollectiveStart start = begin_collective(*this, "all_reduce", options);
+  const std::vector<Tensor> leaves = value.flatten();
+  return Nest<Tensor>::pack_sequence_as(
+      value, reduce_leaves(*this, op, leaves, value.structure_string(), start, [&] { return value; }));
+}
 
 // One value, the most common call: the same collective as a one-leaf nest
-// (one pack, reduced straight into the output), with the tag hashed from the
-// arguments in place instead of from a Signature (which costs ten heap
-// allocations). The Signature is built only to explain a mismatch.
+// (one pack, reduced straight into the output).
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options) {
   auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
-  internal::TagHasher tag(sig.op, sig.sequence);
-  all_reduce_fields(op, leaf_structure(), opts.bytes_per_pack,
-                    [&](std::string_view key, std::string_view text) { tag.field(key, text); });
-  tag.leaf_count(1);
-  tag.leaf(value.dtype(), value.shape().dims_span());
-  call.signature_tag = tag.finish(sig.error_code.has_value());
+  call.signature_tag = all_reduce_tag(sig, op, leaf_structure(), {&value, 1}, opts.bytes_per_pack);
   try {
     return reduce_lone_value(ch, value, op, call, /*device=*/{});
   } catch (const internal::SignatureMismatch&) {
     const Nest<Tensor> nest(value);
-    describe_all_reduce(sig, op, nest, {value}, opts.bytes_per_pack);
+    describe_all_reduce(sig, op, nest, {&value, 1}, opts.bytes_per_pack);
     explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,
                      namer_for(nest.flatten_paths()));
   }
 }
 
+// A list of tensors (a model's gradients): the same collective as the list
+// as a Nest, without building one.
 std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& value,
                                                const CommunicationOptions& options) {
-  std::vector<Nest<Tensor>> items(value.begin(), value.end());
-  return all_reduce(op, Nest<Tensor>::list(std::move(items)), options).flatten();
+  CollectiveStart start = begin_collective(*this, "all_reduce", options);
+  return reduce_leaves(*this, op, value, Nest<Tensor>::list_of_leaves_structure(value.size()), start, [&] {
+    return Nest<Tensor>::list(std::vector<Nest<Tensor>>(value.begin(), value.end()));
+  });
 }
 
 IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value,

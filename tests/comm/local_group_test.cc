@@ -154,33 +154,42 @@ TEST(LocalGroupTest, SmallRoundsWithDifferentTagsMismatchOnEveryMember) {
 TEST(LocalGroupTest, ASmallRoundMeetingAnOrdinaryOneMismatchesOnBoth) {
   for (const char* spin : {"1000", "0"}) {
     ::setenv("DISTRIBUTE_SPIN_MICROSECONDS", spin, 1);
-    for (const std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{4}}) {
-      LocalGroup group(3);
-      CollectiveCall c = call("all_reduce", 1);
-      c.signature_tag = tag;
-      const auto start = std::chrono::steady_clock::now();
-      auto errors = run_threads(3, [&](int r) {
-        if (r == 2) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the others are waiting (asleep with spin 0)
-          group.arrive(r, {.tag = tag}, c);
-        } else {
-          const std::uint64_t mine = 1;
-          group.arrive_small(r, &mine, sizeof mine, c);
+    for (const int n : {2, 3}) {
+      for (const bool ordinary_first : {false, true}) {
+        for (const std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{4}}) {
+          SCOPED_TRACE(std::string("spin ") + spin + ", " + std::to_string(n) + " members, ordinary " +
+                       (ordinary_first ? "first" : "last") + ", tag " + std::to_string(tag));
+          LocalGroup group(n);
+          CollectiveCall c = call("all_reduce", 1);
+          c.signature_tag = tag;
+          const auto start = std::chrono::steady_clock::now();
+          // The last member to come is in the ordinary round, or the only one
+          // that is not; the others wait for it (asleep with spin 0).
+          auto errors = run_threads(n, [&](int r) {
+            const bool last = r == n - 1;
+            if (last) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            if (last != ordinary_first) {
+              group.arrive(r, {.tag = tag}, c);
+            } else {
+              const std::uint64_t mine = 1;
+              group.arrive_small(r, &mine, sizeof mine, c);
+            }
+          });
+          // At once, not at the 10 s timeout: an arrival of either kind wakes the sleepers.
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+          for (auto& e : errors) {
+            ASSERT_TRUE(e);
+            EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+          }
+          auto again = run_threads(n, [&](int r) {
+            const auto& entries = group.arrive(r, {.payload = std::to_string(r)}, call("explain", 1));
+            EXPECT_EQ(entries[1].payload, "1");
+            const std::uint64_t mine = static_cast<std::uint64_t>(r) + 10;
+            EXPECT_EQ(small_value(group.arrive_small(r, &mine, sizeof mine, call("barrier", 2))[0]), 10u);
+          });
+          for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
         }
-      });
-      // At once, not at the 10 s timeout: the ordinary arrival wakes the sleepers.
-      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "spin " << spin;
-      for (auto& e : errors) {
-        ASSERT_TRUE(e) << "spin " << spin;
-        EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
       }
-      auto again = run_threads(3, [&](int r) {
-        const auto& entries = group.arrive(r, {.payload = std::to_string(r)}, call("explain", 1));
-        EXPECT_EQ(entries[1].payload, "1");
-        const std::uint64_t mine = static_cast<std::uint64_t>(r) + 10;
-        EXPECT_EQ(small_value(group.arrive_small(r, &mine, sizeof mine, call("barrier", 2))[0]), 10u);
-      });
-      for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
     }
   }
   ::unsetenv("DISTRIBUTE_SPIN_MICROSECONDS");
@@ -212,6 +221,17 @@ TEST(LocalGroupTest, SmallRoundsFailAsOrdinaryOnesDo) {
       ASSERT_TRUE(e);
       EXPECT_EQ(message_of(e), "replica 2 failed");
     }
+    // After reset(), rounds count from 0 again: the lines of the failed round
+    // (round 0's parity) must not pass for the new round 0's.
+    group.reset();
+    auto again = run_threads(3, [&](int r) {
+      for (std::uint64_t round = 0; round < 4; ++round) {
+        const std::uint64_t mine = static_cast<std::uint64_t>(r) * 100 + round;
+        const auto data = group.arrive_small(r, &mine, sizeof mine, call("all_reduce", round + 1));
+        for (int q = 0; q < 3; ++q) EXPECT_EQ(small_value(data[static_cast<std::size_t>(q)]), q * 100 + round);
+      }
+    });
+    for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
   }
   LocalGroup group(1);
   std::byte too_many[LocalGroup::kSmallBytes + 1] = {};

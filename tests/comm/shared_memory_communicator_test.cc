@@ -43,9 +43,12 @@ class AllReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp
 
 TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
   const auto [dtype, op] = GetParam();
+  // The most elements a small round carries (48 bytes), and one more.
+  const std::size_t small = LocalGroup::kSmallBytes / size_of(dtype);
   for (int n : {1, 2, 3, 4, 7, 8}) {
     // 255/256/257 straddle the 1 KiB latency path for 4-byte types.
-    for (std::size_t count : {0u, 1u, 7u, 255u, 256u, 257u, 1000u, 65537u}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, small, small + 1, std::size_t{255},
+                              std::size_t{256}, std::size_t{257}, std::size_t{1000}, std::size_t{65537}}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count));
       check_all_reduce(n, count, dtype, op);
     }
@@ -328,9 +331,10 @@ TEST(GatherLargeTest, ManyEmptyRowsReturnAtOnce) {
 }
 
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
-  // 100 doubles: inline path; 10000: two rounds; past kStreamBytes: streaming stores.
+  // 6 doubles (48 bytes): a small round; 7 and 100: the inline path; 10000:
+  // two rounds; past kStreamBytes: streaming stores.
   const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(double) + 3;
-  for (std::size_t count : {std::size_t{100}, std::size_t{10000}, streaming}) {
+  for (std::size_t count : {std::size_t{6}, std::size_t{7}, std::size_t{100}, std::size_t{10000}, streaming}) {
   for (int n : {1, 2, 3, 7}) {
     for (int root = 0; root < n; ++root) {
       if (count > 10000 && (n > 2 || root > 0)) continue;  // one large case is enough

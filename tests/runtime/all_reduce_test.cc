@@ -108,6 +108,49 @@ TEST(AllReduceTest, OneTensorOverloadAgreesWithTheOneLeafNest) {
   }
 }
 
+// The list overload (no Nest built) is the same collective as the list as a
+// Nest: replicas may mix the two, and a mismatch is explained alike.
+TEST(AllReduceTest, ListOverloadAgreesWithTheListNest) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE("replicas=" + std::to_string(n));
+    auto s = testing::mirrored(n);
+    auto r = s->run([&](ReplicaContext& ctx) -> std::vector<Tensor> {
+      const int id = ctx.replica_id_in_sync_group();
+      const std::vector<Tensor> xs = {input(DType::kFloat32, id, 7), input(DType::kInt32, id, 3),
+                                      input(DType::kFloat32, id, 2)};
+      if (id % 2 == 0) return ctx.all_reduce(ReduceOp::kSum, xs);
+      return ctx.all_reduce(ReduceOp::kSum, N::list(std::vector<N>(xs.begin(), xs.end()))).flatten();
+    });
+    for (int k = 0; k < n; ++k) {
+      const auto& out = r[static_cast<std::size_t>(k)];
+      ASSERT_EQ(out.size(), 3u);
+      for (std::int64_t i = 0; i < 7; ++i) {
+        EXPECT_EQ(out[0].element_as_double(i), expected(DType::kFloat32, ReduceOp::kSum, n, i)) << "replica " << k;
+      }
+      for (std::int64_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(out[1].element_as_double(i), expected(DType::kInt32, ReduceOp::kSum, n, i)) << "replica " << k;
+      }
+    }
+  }
+  EXPECT_EQ(N::list_of_leaves_structure(0), N().structure_string());
+  EXPECT_EQ(N::list_of_leaves_structure(1), N::list({N(Tensor())}).structure_string());
+  EXPECT_EQ(N::list_of_leaves_structure(3), N::list({N(Tensor()), N(Tensor()), N(Tensor())}).structure_string());
+  // A list of another length: the explanation names the structures.
+  auto s = testing::mirrored(2);
+  try {
+    s->run([&](ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      std::vector<Tensor> xs(static_cast<std::size_t>(2 + id), input(DType::kFloat32, id, 4));
+      ctx.all_reduce(ReduceOp::kSum, xs);
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("[*, *]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[*, *, *]"), std::string::npos) << msg;
+  }
+}
+
 TEST(AllReduceTest, IntegerMeanKeepsDtypeAndTruncatesTowardZero) {
   auto s = testing::mirrored(2);
   auto r = s->run([](ReplicaContext& ctx) {

@@ -158,13 +158,13 @@ void LocalGroup::publish_member(Member& me, std::uint64_t round, const Collectiv
   me.rounds.store(round + 1, order);
 }
 
-void LocalGroup::wake_sleepers() {
+void LocalGroup::wake_sleepers(const std::atomic<int>& sleepers) {
   // An arrival, made seq_cst (a small one's store, or its store and a seq_cst
-  // fence; a counted one's increment of arrivals_), and then this seq_cst
-  // load, against a sleeper's seq_cst increment of sleepers_ and then its
-  // seq_cst loads of the same: either the sleeper sees this arrival, or this
-  // sees it asleep.
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+  // fence; a counted one's increment of arrivals_; a completion's store of
+  // generation_), and then this seq_cst load, against a sleeper's seq_cst
+  // increment of its count and then its seq_cst loads of the same: either
+  // the sleeper sees this arrival, or this sees it asleep.
+  if (sleepers.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     cv_.notify_all();
   }
@@ -176,11 +176,11 @@ void LocalGroup::count_arrival(int member, std::uint64_t round, const Collective
   const std::uint64_t total = arrivals_.fetch_add(1, std::memory_order_seq_cst) + 1;
   if (total == target) {
     generation_.store(round + 1, std::memory_order_seq_cst);
-    wake_sleepers();
+    wake_sleepers(sleepers_);
   } else {
     // A member asleep in a small round learns of this one (another
     // collective) only from its arrival.
-    wake_sleepers();
+    wake_sleepers(small_sleepers_);
     wait_for_round(member, round, call, kind, target);
   }
 }
@@ -258,7 +258,7 @@ std::span<const std::byte* const> LocalGroup::arrive_small(int member, const voi
   // member, so only the last arrival's wake-up counts (and the last one does
   // not wait), and the fence is cheap once this arrival has left the core.
   order_small_arrival_before_sleepers();
-  wake_sleepers();
+  wake_sleepers(small_sleepers_);
   forget_round_before(member, round);
   bool small = true;
   all_here_small(round, small, std::memory_order_acquire);  // every member is here
@@ -300,6 +300,7 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
     if (!small) return generation_.load(order) > round;
     // Asleep (seq_cst), a counted arrival is seen through arrivals_: the
     // counting increment comes after the member's arrival (see wake_sleepers).
+    // This load is what orders it: it must stay, and stay seq_cst.
     if (order == std::memory_order_seq_cst) static_cast<void>(arrivals_.load(std::memory_order_seq_cst));
     return all_here_small(round, all_small, order);
   };
@@ -325,11 +326,19 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
   }
 
   std::unique_lock<std::mutex> lock(mu_);
-  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  // Counted among the sleepers (a completion wakes them all), and those of
+  // small rounds among the small sleepers too (every arrival wakes them).
   struct SleeperGuard {
-    std::atomic<int>& n;
-    ~SleeperGuard() { n.fetch_sub(1, std::memory_order_seq_cst); }
-  } guard{sleepers_};
+    std::atomic<int>* n;
+    explicit SleeperGuard(std::atomic<int>* count) : n(count) {
+      if (n != nullptr) n->fetch_add(1, std::memory_order_seq_cst);
+    }
+    SleeperGuard(const SleeperGuard&) = delete;
+    SleeperGuard& operator=(const SleeperGuard&) = delete;
+    ~SleeperGuard() {
+      if (n != nullptr) n->fetch_sub(1, std::memory_order_seq_cst);
+    }
+  } const guard{&sleepers_}, small_guard{small ? &small_sleepers_ : nullptr};
 
   const Clock::time_point start = Clock::now();
   // A release round has no deadline: everyone comes after its copies.
@@ -359,6 +368,8 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
         others_here = false;
       }
     }
+    // A small round's member that arrived and has gone since: its line says so.
+    if (!gone.empty() && small && complete(std::memory_order_seq_cst)) return;
     if (!gone.empty() && (!release || others_here)) {
       const std::string label = op_label(call.op, call.sequence);
       std::string msg;

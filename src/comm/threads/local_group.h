@@ -79,13 +79,14 @@ class LocalGroup {
   // learns of the last arrival, and reads its bytes, in one transfer between
   // cores (an ordinary round moves the arrival counter, the round's
   // completion and the entries: three or four). Returns every member's
-  // bytes, in member order, readable until this member's round after next.
+  // bytes, in member order, readable until this member's next round.
   // Tags are checked as arrive() checks them; a member that meets another in
   // an ordinary round (another collective) throws SignatureMismatch, as the
-  // other does. A member may leave as soon as every member's bytes are here,
-  // before the round's arrivals are all counted: it reads nothing a member
-  // owns, so a member that leaves the round on a failure meanwhile takes
-  // nothing from under it.
+  // other does. A member may leave as soon as every member's bytes are here:
+  // it reads nothing a member owns, so a member that leaves the round on a
+  // failure meanwhile takes nothing from under it. Such a round can end in
+  // success for some members and in the failure for others (who saw it
+  // first); the others meet the failure at their next round.
   std::span<const std::byte* const> arrive_small(int member, const void* data, std::size_t bytes,
                                                  const CollectiveCall& call);
 
@@ -144,8 +145,9 @@ class LocalGroup {
   std::uint64_t publish_arrival(int member, Entry entry, const CollectiveCall& call);
   void put_entry(int member, std::uint64_t round, Entry entry);
   void publish_member(Member& me, std::uint64_t round, const CollectiveCall& call, std::memory_order order);
-  // Wakes the members asleep in a round, if any, after an arrival.
-  void wake_sleepers();
+  // Wakes the members asleep in a round, if `sleepers` (sleepers_ or
+  // small_sleepers_) counts any, after an arrival or a completion.
+  void wake_sleepers(const std::atomic<int>& sleepers);
   // Counts the arrival; the last member completes the round, the others wait.
   void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind);
   // `target`: the count of arrivals that completes a counted round.
@@ -185,6 +187,7 @@ class LocalGroup {
   alignas(64) std::atomic<std::uint64_t> generation_{0};  // rounds completed
   alignas(64) std::atomic<bool> failed_{false};
   std::atomic<int> sleepers_{0};
+  std::atomic<int> small_sleepers_{0};  // those of sleepers_ in small rounds
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
