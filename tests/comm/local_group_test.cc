@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <string>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -84,6 +86,23 @@ std::vector<std::exception_ptr> abort_while_two_wait(LocalGroup& group, const st
   return errors;
 }
 
+// Sets DISTRIBUTE_SPIN_MICROSECONDS (read when a LocalGroup is made) for
+// its lifetime, and puts back what was there, however the test leaves.
+class ScopedSpin {
+ public:
+  explicit ScopedSpin(const char* value) {
+    if (const char* old = std::getenv(kName)) old_ = old;
+    ::setenv(kName, value, 1);
+  }
+  ScopedSpin(const ScopedSpin&) = delete;
+  ScopedSpin& operator=(const ScopedSpin&) = delete;
+  ~ScopedSpin() { old_ ? static_cast<void>(::setenv(kName, old_->c_str(), 1)) : static_cast<void>(::unsetenv(kName)); }
+
+ private:
+  static constexpr const char* kName = "DISTRIBUTE_SPIN_MICROSECONDS";
+  std::optional<std::string> old_;
+};
+
 // A small round's bytes, as a number.
 std::uint64_t small_value(const std::byte* p) {
   std::uint64_t v;
@@ -98,9 +117,10 @@ std::uint64_t small_value(const std::byte* p) {
 // woken by the last arrival.
 TEST(LocalGroupTest, SmallRoundsAmongOrdinaryOnesSeeEveryMembersBytes) {
   for (const char* spin : {"1000", "0"}) {
-    ::setenv("DISTRIBUTE_SPIN_MICROSECONDS", spin, 1);
+    const ScopedSpin scoped(spin);
     for (int n : {1, 2, 3, 5}) {
       LocalGroup group(n);
+      const auto start = std::chrono::steady_clock::now();
       auto errors = run_threads(n, [&](int r) {
         for (std::uint64_t round = 0; round < 300; ++round) {
           const std::uint64_t mine = static_cast<std::uint64_t>(r) * 1000000 + round;
@@ -120,9 +140,10 @@ TEST(LocalGroupTest, SmallRoundsAmongOrdinaryOnesSeeEveryMembersBytes) {
         }
       });
       for (auto& e : errors) EXPECT_FALSE(e) << "spin " << spin << ", " << n << " members: " << message_of(e);
+      // A lost wake-up would end only at a round's 10 s timeout.
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "spin " << spin << ", " << n;
     }
   }
-  ::unsetenv("DISTRIBUTE_SPIN_MICROSECONDS");
 }
 
 // Tags are checked as in an ordinary round: any difference (or bit 0) is a
@@ -153,7 +174,7 @@ TEST(LocalGroupTest, SmallRoundsWithDifferentTagsMismatchOnEveryMember) {
 // rounds go on.
 TEST(LocalGroupTest, ASmallRoundMeetingAnOrdinaryOneMismatchesOnBoth) {
   for (const char* spin : {"1000", "0"}) {
-    ::setenv("DISTRIBUTE_SPIN_MICROSECONDS", spin, 1);
+    const ScopedSpin scoped(spin);
     for (const int n : {2, 3}) {
       for (const bool ordinary_first : {false, true}) {
         for (const std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{4}}) {
@@ -192,7 +213,6 @@ TEST(LocalGroupTest, ASmallRoundMeetingAnOrdinaryOneMismatchesOnBoth) {
       }
     }
   }
-  ::unsetenv("DISTRIBUTE_SPIN_MICROSECONDS");
 }
 
 // A small round fails as an ordinary one does: a member that is done at
@@ -216,19 +236,22 @@ TEST(LocalGroupTest, SmallRoundsFailAsOrdinaryOnesDo) {
   }
   {
     LocalGroup group(3);
-    auto errors = abort_while_two_wait(group, [&](int r) { group.arrive_small(r, nullptr, 0, call("barrier", 1, 0)); });
+    const std::uint64_t junk = ~std::uint64_t{0};
+    auto errors = abort_while_two_wait(group, [&](int r) { group.arrive_small(r, &junk, sizeof junk, call("barrier", 1, 0)); });
     for (auto& e : errors) {
       ASSERT_TRUE(e);
       EXPECT_EQ(message_of(e), "replica 2 failed");
     }
-    // After reset(), rounds count from 0 again: the lines of the failed round
-    // (round 0's parity) must not pass for the new round 0's.
+    // After reset(), rounds count from 0 again: the lines members 0 and 1
+    // left in the failed round (round 0's parity) must not pass for the new
+    // round 0's. Member 2 comes first, so that it would meet them.
     group.reset();
     auto again = run_threads(3, [&](int r) {
+      if (r != 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       for (std::uint64_t round = 0; round < 4; ++round) {
-        const std::uint64_t mine = static_cast<std::uint64_t>(r) * 100 + round;
+        const std::uint64_t mine = static_cast<std::uint64_t>(r) * 100 + round + 1;
         const auto data = group.arrive_small(r, &mine, sizeof mine, call("all_reduce", round + 1));
-        for (int q = 0; q < 3; ++q) EXPECT_EQ(small_value(data[static_cast<std::size_t>(q)]), q * 100 + round);
+        for (int q = 0; q < 3; ++q) EXPECT_EQ(small_value(data[static_cast<std::size_t>(q)]), q * 100 + round + 1);
       }
     });
     for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
@@ -236,6 +259,21 @@ TEST(LocalGroupTest, SmallRoundsFailAsOrdinaryOnesDo) {
   LocalGroup group(1);
   std::byte too_many[LocalGroup::kSmallBytes + 1] = {};
   EXPECT_THROW(group.arrive_small(0, too_many, sizeof too_many, call("barrier", 1)), InternalError);
+}
+
+// A member that completes a small round and is done at once (it returned
+// from its replica function) was here: the others, asleep in that round,
+// must see its line, not take it for a member that never came.
+TEST(LocalGroupTest, AMemberDoneRightAfterASmallRoundWasThere) {
+  const ScopedSpin scoped("0");  // the waiter sleeps, and looks for members that are done
+  for (int i = 0; i < 300; ++i) {
+    LocalGroup group(2);
+    auto errors = run_threads(2, [&](int r) {
+      group.arrive_small(r, nullptr, 0, call("barrier", 1));
+      if (r == 1) group.mark_done(1);
+    });
+    for (auto& e : errors) ASSERT_FALSE(e) << "iteration " << i << ": " << message_of(e);
+  }
 }
 
 TEST(LocalGroupTest, AbortWakesEveryWaiterWithTheSameError) {

@@ -44,7 +44,7 @@ int spin_microseconds() {
 bool yield_while_waiting(int size) {
   return static_cast<unsigned>(size) > std::max(1u, std::thread::hardware_concurrency());
 }
-// A small arrival is ordered before the look at sleepers_ that follows it
+// A small arrival is ordered before the look at small_sleepers_ that follows it
 // (wake_sleepers) by a seq_cst fence after the wait, so that the store itself
 // need not wait for its cache line (a seq_cst store waits: measured 60% of a
 // small round's own time). ThreadSanitizer does not model fences: there the
@@ -254,9 +254,10 @@ std::span<const std::byte* const> LocalGroup::arrive_small(int member, const voi
   // A small round is not counted: its members learn of each other from
   // their lines alone.
   wait_for_round(member, round, call, RoundKind::kSmall, 0);
-  // Sleepers are woken after the wait, not before: a sleeper waits for every
-  // member, so only the last arrival's wake-up counts (and the last one does
-  // not wait), and the fence is cheap once this arrival has left the core.
+  // Sleepers are woken after the wait, not before: every small arrival wakes
+  // them once its wait is over, and the last one does not wait; a sleeper
+  // waits for every member, so that suffices. The fence is cheap once this
+  // arrival's stores have left the core.
   order_small_arrival_before_sleepers();
   wake_sleepers(small_sleepers_);
   forget_round_before(member, round);
