@@ -56,6 +56,19 @@ bool yield_while_waiting(int size) {
 #define DISTRIBUTE_NO_FENCES 1
 #endif
 #endif
+// A round's signature tags disagree: some differ, or one has bit 0 (a
+// replica's own verdict on its arguments), unless all are 0 (untagged).
+template <class TagOf>
+bool tags_disagree(int members, const TagOf& tag_of) {
+  bool tagged = false, differ = false;
+  const std::uint64_t tag0 = tag_of(0);
+  for (int q = 0; q < members; ++q) {
+    const std::uint64_t tag = tag_of(q);
+    tagged |= tag != 0;
+    differ |= tag != tag0 || (tag & 1) != 0;
+  }
+  return tagged && differ;
+}
 #ifdef DISTRIBUTE_NO_FENCES
 constexpr std::memory_order kSmallArrivalOrder = std::memory_order_seq_cst;
 void order_small_arrival_before_sleepers() {}
@@ -207,13 +220,7 @@ const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry
   forget_round_before(member, round);
   // The signature tags of a collective's first round must all agree.
   const std::vector<Entry>& slots = slots_[round & 1];
-  bool tagged = false, differ = false;
-  const std::uint64_t tag0 = slots[0].tag;
-  for (const Entry& e : slots) {
-    tagged |= e.tag != 0;
-    differ |= e.tag != tag0 || (e.tag & 1) != 0;
-  }
-  if (tagged && differ) throw SignatureMismatch();
+  if (tags_disagree(size_, [&](int q) { return slots[static_cast<std::size_t>(q)].tag; })) throw SignatureMismatch();
   return slots;
 }
 
@@ -227,7 +234,7 @@ void LocalGroup::release(int member, const CollectiveCall& call) {
 bool LocalGroup::all_here_small(std::uint64_t round, bool& small, std::memory_order order) const {
   small = true;
   for (int q = 0; q < size_; ++q) {
-    const SmallLine& line = small_lines_[2 * static_cast<std::size_t>(q) + (round & 1)];
+    const SmallLine& line = small_line(q, round);
     if (line.rounds.load(order) > round) continue;
     if (members_[static_cast<std::size_t>(q)].rounds.load(order) <= round) return false;
     // Here: its line, written before its arrival, is now visible if it came small.
@@ -271,14 +278,7 @@ std::span<const std::byte* const> LocalGroup::arrive_small(int member, const voi
     count_arrival(member, round, call, RoundKind::kOrdinary);
     throw SignatureMismatch();
   }
-  bool tagged = false, differ = false;
-  const std::uint64_t tag0 = small_line(0, round).tag;
-  for (int q = 0; q < size_; ++q) {
-    const std::uint64_t tag = small_line(q, round).tag;
-    tagged |= tag != 0;
-    differ |= tag != tag0 || (tag & 1) != 0;
-  }
-  if (tagged && differ) throw SignatureMismatch();
+  if (tags_disagree(size_, [&](int q) { return small_line(q, round).tag; })) throw SignatureMismatch();
   return small_data_[round & 1];
 }
 

@@ -156,7 +156,7 @@ class LocalGroup {
   // Whether every member has arrived at small round `round` (then `small`:
   // whether all came with small entries).
   bool all_here_small(std::uint64_t round, bool& small, std::memory_order order) const;
-  SmallLine& small_line(int member, std::uint64_t round) {
+  SmallLine& small_line(int member, std::uint64_t round) const {
     return small_lines_[2 * static_cast<std::size_t>(member) + (round & 1)];
   }
   // After `round` completed: drops the object of the member's entry in the

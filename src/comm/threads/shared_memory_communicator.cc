@@ -234,9 +234,10 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
   for (std::size_t c : counts) total += c;
   total *= outer * esz;
   const std::size_t mine = counts[static_cast<std::size_t>(rank_)] * outer * esz;
-  // Small contributions travel through the inline areas: one round.
-  const bool inline_path = mine <= LocalGroup::kInlineBytes &&
-                           *std::max_element(counts.begin(), counts.end()) * outer * esz <= LocalGroup::kInlineBytes;
+  // Small contributions travel through the inline areas (or, up to 48 bytes,
+  // the lines of a small round): one round.
+  const std::size_t largest = *std::max_element(counts.begin(), counts.end()) * outer * esz;
+  const bool inline_path = largest <= LocalGroup::kInlineBytes;
   // Every member's rows, in member order, into this member's output.
   const bool streaming = total >= kStreamBytes;
   const auto gather = [&](auto&& source_of) {
@@ -253,8 +254,7 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
     }
     if (streaming) stream_fence();
   };
-  if (inline_path && *std::max_element(counts.begin(), counts.end()) * outer * esz <= LocalGroup::kSmallBytes) {
-    // Up to 48 bytes each: in the lines of a small round.
+  if (largest <= LocalGroup::kSmallBytes) {
     const auto data = group_->arrive_small(rank_, send, mine, call);
     gather([&](int q) { return data[static_cast<std::size_t>(q)]; });
     return;
