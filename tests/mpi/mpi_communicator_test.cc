@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/storage.h"
 #include "testing/reduce_reference.h"
 
 #include <algorithm>
@@ -655,23 +656,47 @@ TEST(MpiCommunicatorTest, LateRankMakesTheOthersTimeOutAndHearsOfIt) {
 
 // An untagged large all-reduce has no header round: rank 0 waits for the
 // others in its data steps (in shared memory on one host), and times out
-// there just the same.
+// there just the same. On MPI's path its sends are left pending, so its
+// input is tensor storage: quarantined, it outlives the test for MPI to read.
 TEST(MpiCommunicatorTest, LateRanksMakeALargeAllReduceTimeOut) {
   expect_late_ranks_hear_of_the_timeout("all_reduce", [](MpiCommunicator& comm, const CollectiveCall& c) {
-    std::vector<float> big(std::size_t{1} << 18, 1.0f);  // 1 MiB
-    comm.all_reduce(big.data(), big.data(), big.size(), DType::kFloat32, ReduceOp::kSum, c);
+    const std::size_t count = std::size_t{1} << 18;  // 1 MiB
+    const std::shared_ptr<std::byte> storage = allocate_storage(count * sizeof(float));
+    auto* big = reinterpret_cast<float*>(storage.get());
+    std::fill(big, big + count, 1.0f);
+    comm.all_reduce(big, big, count, DType::kFloat32, ReduceOp::kSum, c);
+  });
+}
+
+// Between hosts a mid-size exchange sends its payload inside the header
+// round, from where it is: rank 0 times out with that send pending, and MPI
+// may read the payload after exchange has thrown, so it is sent from a copy
+// in tensor storage (quarantined), not from the caller's string (ASan saw it
+// freed).
+TEST(MpiCommunicatorTest, LateRanksMakeAnExchangeTimeOut) {
+  expect_late_ranks_hear_of_the_timeout("exchange", [](MpiCommunicator& comm, const CollectiveCall& c) {
+    comm.exchange(std::string(30000, 'x'), c);
   });
 }
 
 // Inside the data steps of an untagged large all-reduce (in shared memory on
 // one host): rank 0's abort from another thread releases it, and its notice
-// releases the ranks that then wait for it there.
+// releases the ranks that then wait for it there. On MPI's path rank 0's
+// sends are still pending when it gives up (its peers are late): MPI may
+// read its input after the call has thrown, and a late peer may finish the
+// call with what it reads, so the input (tensor storage) is kept aside
+// (quarantined) with its bytes, never reused; the peer then finishes with the
+// right sums (small pieces go out eagerly: the *_pieces runs), or hears of the
+// abort, and its next call hears of it.
 TEST(MpiCommunicatorTest, AbortReleasesRanksWaitingInALargeAllReduce) {
   MpiCommunicator comm;
   if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
-  std::vector<float> big(std::size_t{1} << 18, 1.0f);  // 1 MiB
+  const std::size_t count = std::size_t{1} << 18;  // 1 MiB
+  std::shared_ptr<std::byte> storage = allocate_storage(count * sizeof(float));
+  auto* big = reinterpret_cast<float*>(storage.get());
+  std::fill(big, big + count, 1.0f);
   const auto all_reduce = [&] {
-    comm.all_reduce(big.data(), big.data(), big.size(), DType::kFloat32, ReduceOp::kSum, call("all_reduce", 1, 0));
+    comm.all_reduce(big, big, count, DType::kFloat32, ReduceOp::kSum, call("all_reduce", 1, 0));
   };
   if (comm.rank() == 0) {
     std::thread stopper([&] {
@@ -680,11 +705,22 @@ TEST(MpiCommunicatorTest, AbortReleasesRanksWaitingInALargeAllReduce) {
     });
     EXPECT_THROW(all_reduce(), AbortedError);
     stopper.join();
+    const std::size_t kept = quarantined_blocks();
+    storage.reset();
+    // The peers come 500 ms late, after the abort and its 100 ms of grace:
+    // on MPI's path a send was left, and the input is kept.
+    if (!comm.uses_node_shared_memory()) {
+      EXPECT_EQ(quarantined_blocks(), kept + 1);
+    }
   } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     try {
       all_reduce();
-      ADD_FAILURE() << "rank " << comm.rank() << " finished an all-reduce that rank 0 left";
+      if (comm.uses_node_shared_memory()) {
+        ADD_FAILURE() << "rank " << comm.rank() << " finished an all-reduce that rank 0 left";
+      }
+      EXPECT_EQ(std::count(big, big + count, static_cast<float>(comm.size())), static_cast<std::ptrdiff_t>(count));
+      expect_notice_on_late_rank(comm, 2, ErrorCode::kAborted, "replica 3 failed");
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
       EXPECT_NE(std::string(e.what()).find("Worker 0 failed: replica 3 failed"), std::string::npos) << e.what();
@@ -725,6 +761,91 @@ TEST(MpiCommunicatorTest, AbortReleasesAWaitingRankAndReachesTheOthers) {
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     expect_notice_on_late_rank(comm, 1, ErrorCode::kAborted, "replica 3 failed");
+  }
+}
+
+// MPI counts are ints: blocks above max_message_bytes() (1 GiB) travel in
+// pieces. The *_pieces runs set a piece of 1000 bytes, so that every test
+// here moves its larger blocks in pieces (ends that fall inside elements,
+// ragged last pieces) on MPI's path between hosts.
+TEST(MpiCommunicatorTest, MessagePieceSizeComesFromTheEnvironment) {
+  MpiCommunicator comm;
+  const char* setting = std::getenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
+  const std::size_t expected =
+      setting != nullptr ? static_cast<std::size_t>(std::stoull(setting)) : MpiCommunicator::kMaxMessageBytes;
+  EXPECT_EQ(comm.max_message_bytes(), expected);
+}
+
+// A setting that is no size fails the constructor on every rank (none is
+// left waiting in a collective), with the rank that has it named.
+TEST(MpiCommunicatorTest, AMessagePieceSizeThatIsNoSizeFailsEveryRank) {
+  MpiCommunicator probe;
+  if (probe.size() < 2) GTEST_SKIP() << "needs two ranks: one has the bad setting";
+  const char* before = std::getenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
+  const std::string saved = before != nullptr ? before : "";
+  for (const char* bad : {"0", "12x", "-5", "1073741825", ""}) {
+    if (probe.rank() == 1) setenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES", bad, 1);
+    try {
+      MpiCommunicator comm;
+      ADD_FAILURE() << "rank " << probe.rank() << " made a communicator with the setting \"" << bad << "\" on rank 1";
+    } catch (const InvalidArgumentError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank 1 is not a whole number of bytes from 1 to "
+                          "1073741824"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find("(it is \"" + std::string(bad) + "\")") != std::string::npos, probe.rank() == 1) << what;
+    }
+    if (before != nullptr) {
+      setenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES", saved.c_str(), 1);
+    } else {
+      unsetenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
+    }
+  }
+  // The ranks still agree on the next communicator, and it works.
+  MpiCommunicator comm;
+  std::int32_t x = comm.rank() + 1, sum = 0;
+  comm.all_reduce(&x, &sum, 1, DType::kInt32, ReduceOp::kSum, call("all_reduce"));
+  EXPECT_EQ(sum, comm.size() * (comm.size() + 1) / 2);
+}
+
+// Sizes around whole numbers of pieces: one byte under, at and over, for
+// every call that moves blocks point to point (all-reduce slices and their
+// gather, all-gather blocks, broadcast, exchange payloads).
+TEST(MpiCommunicatorTest, BlocksAroundWholeNumbersOfPiecesArriveWhole) {
+  MpiCommunicator comm;
+  const int n = comm.size();
+  const std::size_t piece = std::min<std::size_t>(comm.max_message_bytes(), std::size_t{1} << 20);
+  std::uint64_t seq = 1;
+  for (std::size_t pieces : {std::size_t{1}, std::size_t{3}}) {
+    for (std::ptrdiff_t delta : {-1, 0, 1}) {
+      const auto bytes = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(pieces * piece) + delta);
+      // all_reduce of int8 (count == bytes), large enough for the scatter
+      // path only with small pieces; the reference checks every element.
+      expect_all_reduce(comm, DType::kInt8, ReduceOp::kMax, bytes, /*in_place=*/false);
+      std::vector<std::size_t> counts;
+      for (int q = 0; q < n; ++q) counts.push_back(bytes + static_cast<std::size_t>(q));
+      expect_all_gather_v(comm, counts, 1, call("all_gather", ++seq));
+      for (int root = 0; root < n; ++root) {
+        std::vector<std::uint8_t> buf(bytes);
+        const auto byte = [&](std::size_t i) { return static_cast<std::uint8_t>(i * 7 + static_cast<std::size_t>(root)); };
+        for (std::size_t i = 0; i < bytes; ++i) buf[i] = comm.rank() == root ? byte(i) : 0;
+        comm.broadcast(buf.data(), bytes, DType::kUInt8, root, call("broadcast", ++seq));
+        for (std::size_t i = 0; i < bytes; ++i) {
+          ASSERT_EQ(buf[i], byte(i)) << "byte " << i << " of " << bytes << " root " << root;
+        }
+      }
+      const auto payload = [&](int q) {
+        std::string p(bytes + static_cast<std::size_t>(q) * 3, '\0');
+        for (std::size_t i = 0; i < p.size(); ++i) {
+          p[i] = static_cast<char>('a' + (i + static_cast<std::size_t>(q)) % 26);
+        }
+        return p;
+      };
+      const auto all = comm.exchange(payload(comm.rank()), call("exchange", ++seq));
+      ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+      for (int q = 0; q < n; ++q) EXPECT_EQ(all[static_cast<std::size_t>(q)], payload(q)) << "bytes " << bytes;
+    }
   }
 }
 

@@ -58,13 +58,14 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
-int to_int(std::size_t bytes, const CollectiveCall& call) {
-  if (bytes > static_cast<std::size_t>(INT_MAX)) {
-    throw UnimplementedError(std::string(call.op) + " #" + std::to_string(call.sequence) + ": " +
-                             std::to_string(bytes) + " bytes in one MPI message; the MPI backend moves at most " +
-                             std::to_string(INT_MAX) + " bytes per rank and call");
-  }
-  return static_cast<int>(bytes);
+// DISTRIBUTE_MPI_MAX_MESSAGE_BYTES as a piece size, or 0 if it is not a
+// whole number of bytes from 1 to kMaxMessageBytes.
+int parse_message_bytes(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long bytes = std::strtoull(text, &end, 10);
+  const bool whole = end != text && *end == '\0' && errno == 0 && text[0] != '-';
+  return whole && bytes >= 1 && bytes <= MpiCommunicator::kMaxMessageBytes ? static_cast<int>(bytes) : 0;
 }
 
 std::string seconds_text(double seconds) {
@@ -77,10 +78,10 @@ std::string label(const CollectiveCall& call) { return std::string(call.op) + " 
 
 // FNV-1a of every rank's block size: ranks that agree on them all agree on
 // this (never 0, which says "no layout").
-std::uint64_t hash_layout(const std::vector<int>& bytes) {
+std::uint64_t hash_layout(const std::vector<std::size_t>& bytes) {
   std::uint64_t h = 0xcbf29ce484222325ull;
-  for (int b : bytes) {
-    for (int i = 0; i < 4; ++i) h = (h ^ ((static_cast<std::uint32_t>(b) >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  for (std::size_t b : bytes) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<std::uint64_t>(b) >> (8 * i)) & 0xff)) * 0x100000001b3ull;
   }
   return h == 0 ? 1 : h;
 }
@@ -119,6 +120,24 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub), "MPI_Comm_get_attr", setup);
   if (has_tag_ub && tag_ub != nullptr) tag_ub_ = *tag_ub;
   check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
+  // One piece size on every rank (the smallest asked for), or an error on
+  // every rank naming the first rank whose setting is not a size.
+  struct {
+    int bytes;
+    int rank;
+  } piece{static_cast<int>(kMaxMessageBytes), rank_}, agreed{};
+  static_assert(kMaxMessageBytes <= static_cast<std::size_t>(INT_MAX));
+  const char* piece_text = std::getenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
+  if (piece_text != nullptr) piece.bytes = parse_message_bytes(piece_text);
+  check(MPI_Allreduce(&piece, &agreed, 1, MPI_2INT, MPI_MINLOC, comm_), "MPI_Allreduce", setup);
+  if (agreed.bytes <= 0) {
+    MPI_Comm_free(&notices_);
+    MPI_Comm_free(&comm_);
+    throw InvalidArgumentError("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank " + std::to_string(agreed.rank) +
+                               " is not a whole number of bytes from 1 to " + std::to_string(kMaxMessageBytes) +
+                               (agreed.rank == rank_ ? " (it is \"" + std::string(piece_text) + "\")" : ""));
+  }
+  max_message_bytes_ = static_cast<std::size_t>(agreed.bytes);
   // Shared memory only if every rank wants it: a launcher that passes the
   // switch to some ranks only (across hosts without -x) must not leave the
   // others alone in create()'s collectives.
@@ -143,6 +162,10 @@ MpiCommunicator::~MpiCommunicator() {
   // bounded by the buffers of one failed communicator).
   if (failed_.load()) {
     new std::vector<std::byte>(std::move(header_in_));
+    new std::unique_ptr<Outbox>(std::move(out_));
+    // The notice's sends were let go unfinished: MPI may still read it (it
+    // does when earlier messages to a peer still hold the way, unreceived).
+    new std::unique_ptr<std::string>(std::move(notice_));
     new std::shared_ptr<std::byte>(std::move(scratch_));
     new std::shared_ptr<std::byte>(std::move(drain_));
   }
@@ -178,7 +201,7 @@ void MpiCommunicator::flush_notice() noexcept {
         if (q == rank_) continue;
         MPI_Request request;
         // Small: MPI delivers it eagerly; nobody waits for its completion.
-        if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, q, kNoticeTag, notices_,
+        if (MPI_Isend(notice_->data(), static_cast<int>(notice_->size()), MPI_CHAR, q, kNoticeTag, notices_,
                       &request) == MPI_SUCCESS) {
           MPI_Request_free(&request);
         }
@@ -217,7 +240,7 @@ void MpiCommunicator::abort(ErrorCode code, const std::string& message, int) noe
       if (failed_.load()) return;
       failure_code_ = code;
       failure_message_ = message;
-      notice_ = static_cast<char>(code) + message;
+      notice_ = std::make_unique<std::string>(static_cast<char>(code) + message);
       failed_.store(true, std::memory_order_release);
     }
     notice_pending_.store(true, std::memory_order_release);
@@ -238,39 +261,41 @@ void MpiCommunicator::check(int mpi_result, const char* what, const CollectiveCa
   throw UnavailableError(message);
 }
 
-void MpiCommunicator::wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call,
-                               ReceiveArea area, MPI_Status* statuses) {
+void MpiCommunicator::wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call, Area area,
+                               Area sent, MPI_Status* statuses) {
   try {
     poll_all(requests, count, call, statuses);
   } catch (...) {
-    release(requests, count, receives, area);
+    release(requests, count, receives, area, sent);
     throw;
   }
 }
 
-void MpiCommunicator::release(MPI_Request* requests, int count, int receives, ReceiveArea area) noexcept {
+void MpiCommunicator::release(MPI_Request* requests, int count, int receives, Area area, Area sent) noexcept {
   // Receives still posted would write into buffers that are about to be
   // freed: cancel them (local for a receive not yet matched). One that a
   // message is already filling cannot be cancelled; it is given a moment,
   // then left, and its area quarantined: on a transport that moves a message
   // in pieces (TCP between hosts) the rest may still arrive, and the area may
-  // be the caller's output tensor. Sends are let go: MPI finishes or drops
-  // them, and only reads their buffers.
+  // be the caller's output tensor. Sends get the same moment; one still
+  // pending after it may read its buffer later, and a late peer would take
+  // what it reads as this rank's data, so that buffer is quarantined too.
   for (int i = 0; i < receives; ++i) {
     if (requests[i] != MPI_REQUEST_NULL) MPI_Cancel(&requests[i]);
   }
   const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
-  bool left = false;
-  for (int i = 0; i < receives; ++i) {
+  bool receive_left = false, send_left = false;
+  for (int i = 0; i < count; ++i) {
     int done = 0;
     while (requests[i] != MPI_REQUEST_NULL && !done && Clock::now() < give_up) {
       MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
     }
-    left |= requests[i] != MPI_REQUEST_NULL && !done;
+    (i < receives ? receive_left : send_left) |= requests[i] != MPI_REQUEST_NULL && !done;
   }
-  if (left && area.bytes > 0) {
+  for (const Area& a : {receive_left ? area : Area{}, send_left ? sent : Area{}}) {
+    if (a.bytes == 0) continue;
     try {
-      quarantine_storage(area.data, area.bytes);
+      quarantine_storage(a.data, a.bytes);
     } catch (const std::bad_alloc&) {
       // Out of memory, after a failure: nothing better to do than go on.
     }
@@ -335,10 +360,11 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
   constexpr std::size_t kSlot = sizeof(Header) + kInlineBytes;
   const auto n = static_cast<std::size_t>(size_);
   ++header_rounds_;
-  header_out_ = Header{tag, size};
+  Header& header_out = out_->header;
+  header_out = Header{tag, size};
   header_in_.resize(kSlot * n);
   received_.assign(n, Received{});
-  received_[me()] = Received{header_out_, static_cast<const std::byte*>(data), inline_bytes};
+  received_[me()] = Received{header_out, static_cast<const std::byte*>(data), inline_bytes};
   std::vector<MPI_Request>& requests = header_requests_;
   requests.clear();
   for (int q = 0; q < size_; ++q) {
@@ -352,13 +378,14 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
   // header, more is sent straight from where it is.
   MPI_Datatype message = MPI_DATATYPE_NULL;
   const bool copy = inline_bytes <= kCopiedInlineBytes;
+  header_sent_ = copy ? Area{} : Area{const_cast<void*>(data), inline_bytes};
   if (copy) {
-    std::memcpy(small_out_.data(), &header_out_, sizeof(Header));
-    if (inline_bytes) std::memcpy(small_out_.data() + sizeof(Header), data, inline_bytes);
+    std::memcpy(out_->small.data(), &header_out, sizeof(Header));
+    if (inline_bytes) std::memcpy(out_->small.data() + sizeof(Header), data, inline_bytes);
   } else if (size_ > 1) {
     MPI_Aint where[2];
-    MPI_Get_address(&header_out_, &where[0]);
-    MPI_Get_address(inline_bytes ? data : &header_out_, &where[1]);
+    MPI_Get_address(&header_out, &where[0]);
+    MPI_Get_address(inline_bytes ? data : &header_out, &where[1]);
     const int lengths[2] = {static_cast<int>(sizeof(Header)), static_cast<int>(inline_bytes)};
     check(MPI_Type_create_hindexed(2, lengths, where, MPI_BYTE, &message), "MPI_Type_create_hindexed", call);
     check(MPI_Type_commit(&message), "MPI_Type_commit", call);
@@ -366,7 +393,7 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     requests.emplace_back(MPI_REQUEST_NULL);
-    check(copy ? MPI_Isend(small_out_.data(), static_cast<int>(sizeof(Header) + inline_bytes), MPI_BYTE, q,
+    check(copy ? MPI_Isend(out_->small.data(), static_cast<int>(sizeof(Header) + inline_bytes), MPI_BYTE, q,
                            kHeaderTag, comm_, &requests.back())
                : MPI_Isend(MPI_BOTTOM, 1, message, q, kHeaderTag, comm_, &requests.back()),
           "MPI_Isend", call);
@@ -375,12 +402,12 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
 }
 
 const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_round(
-    const CollectiveCall& call, const std::vector<int>* sizes_posted) {
+    const CollectiveCall& call, const std::vector<std::size_t>* sizes_posted) {
   constexpr std::size_t kSlot = sizeof(Header) + kInlineBytes;
   std::vector<MPI_Request>& requests = header_requests_;
   std::vector<MPI_Status>& statuses = header_statuses_;
   statuses.resize(requests.size());
-  wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, {}, statuses.data());
+  wait_all(requests.data(), static_cast<int>(requests.size()), size_ - 1, call, {}, header_sent_, statuses.data());
   std::size_t r = 0;
   for (std::size_t q = 0; q < received_.size(); ++q) {
     if (q == me()) continue;
@@ -404,7 +431,7 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
   std::size_t largest = 0;
   for (std::size_t q = 0; q < received_.size(); ++q) {
     const std::optional<std::size_t> bytes = announced_block(q);
-    if (!bytes || (sizes_posted != nullptr && static_cast<std::size_t>((*sizes_posted)[q]) == *bytes)) continue;
+    if (!bytes || (sizes_posted != nullptr && (*sizes_posted)[q] == *bytes)) continue;
     if (*bytes > largest) {
       try {
         drain_ = allocate_storage(*bytes);
@@ -418,7 +445,7 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
       }
       largest = *bytes;
     }
-    MPI_Request drain = MPI_REQUEST_NULL;
+    MPI_Request drain = MPI_REQUEST_NULL;  // one message: at most largest_tagged_block()
     check(MPI_Irecv(drain_.get(), static_cast<int>(*bytes), MPI_BYTE, static_cast<int>(q),
                     block_tag(*bytes, header_rounds_ - 1), comm_, &drain),
           "MPI_Irecv", call);
@@ -428,16 +455,40 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
   throw SignatureMismatch();
 }
 
+void MpiCommunicator::post_receive(void* into, std::size_t bytes, int peer, int tag,
+                                   std::vector<MPI_Request>& requests, const CollectiveCall& call) {
+  auto* at = static_cast<std::byte*>(into);
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t piece = std::min(bytes - done, max_message_bytes_);
+    requests.emplace_back(MPI_REQUEST_NULL);
+    check(MPI_Irecv(at + done, static_cast<int>(piece), MPI_BYTE, peer, tag, comm_, &requests.back()), "MPI_Irecv",
+          call);
+    done += piece;
+  }
+}
+
+void MpiCommunicator::post_send(const void* from, std::size_t bytes, int peer, int tag,
+                                std::vector<MPI_Request>& requests, const CollectiveCall& call) {
+  const auto* at = static_cast<const std::byte*>(from);
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t piece = std::min(bytes - done, max_message_bytes_);
+    requests.emplace_back(MPI_REQUEST_NULL);
+    check(MPI_Isend(at + done, static_cast<int>(piece), MPI_BYTE, peer, tag, comm_, &requests.back()), "MPI_Isend",
+          call);
+    done += piece;
+  }
+}
+
 void MpiCommunicator::check_tags(const CollectiveCall& call) {
   if (call.signature_tag == 0) return;
   header_round(call.signature_tag, 0, nullptr, 0, call);
 }
 
 void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, void* recv,
-                                   const std::vector<int>& counts, const CollectiveCall& call, bool place_own) {
+                                   const std::vector<std::size_t>& counts, const CollectiveCall& call,
+                                   bool place_own) {
   // Point to point: every rank sends its block to every other (messages
   // between two ranks are matched in order, so one tag serves every call).
-  const int bytes = to_int(send_bytes, call);  // before any receive is posted
   auto* out = static_cast<std::byte*>(recv);
   std::vector<MPI_Request> requests;
   requests.reserve(2 * counts.size());
@@ -447,25 +498,26 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
     const int peer = static_cast<int>(q);
     if (peer == rank_) {
       own = out + at;
-    } else if (counts[q] > 0) {
-      requests.emplace_back(MPI_REQUEST_NULL);
-      check(MPI_Irecv(out + at, counts[q], MPI_BYTE, peer, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
+    } else {
+      post_receive(out + at, counts[q], peer, kDataTag, requests, call);
     }
-    at += static_cast<std::size_t>(counts[q]);
+    at += counts[q];
   }
   const int receives = static_cast<int>(requests.size());
-  for (int q = 0; q < size_ && bytes > 0; ++q) {
-    if (q == rank_) continue;
-    requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Isend(send, bytes, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) post_send(send, send_bytes, q, kDataTag, requests, call);
   }
-  if (place_own && own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {out, at});
+  if (place_own && own != nullptr && own != send && send_bytes > 0) std::memcpy(own, send, send_bytes);
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {out, at},
+           {const_cast<void*>(send), send_bytes});
 }
 
 void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
-                                    const std::vector<int>& counts, const CollectiveCall& call, bool place_own) {
-  const int bytes = to_int(send_bytes, call);
+                                    const std::vector<std::size_t>& counts, const CollectiveCall& call,
+                                    bool place_own) {
+  // Every block is one message: callers come here only with blocks of at
+  // most largest_tagged_block().
+  const int bytes = static_cast<int>(send_bytes);
   std::vector<MPI_Request>& blocks = block_requests_;
   blocks.clear();
   const std::uint64_t round = header_rounds_;  // the header round posted below
@@ -480,13 +532,14 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
       own = recv + at;
     } else {
       blocks.emplace_back(MPI_REQUEST_NULL);
-      check(MPI_Irecv(recv + at, counts[q], MPI_BYTE, static_cast<int>(q),
-                      block_tag(static_cast<std::size_t>(counts[q]), round), comm_, &blocks.back()),
+      check(MPI_Irecv(recv + at, static_cast<int>(counts[q]), MPI_BYTE, static_cast<int>(q),
+                      block_tag(counts[q], round), comm_, &blocks.back()),
             "MPI_Irecv", call);
     }
-    at += static_cast<std::size_t>(counts[q]);
+    at += counts[q];
   }
   const int receives = static_cast<int>(blocks.size());
+  const Area sent{const_cast<void*>(send), send_bytes};
   try {
     post_header_round(call.signature_tag, kBlockFollows | static_cast<std::uint64_t>(bytes), nullptr, 0, call);
     for (int q = 0; q < size_; ++q) {
@@ -506,17 +559,23 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
     std::size_t r = 0;
     for (std::size_t q = 0; q < counts.size(); ++q) {
       if (q == me()) continue;
-      if (announced_block(q) != static_cast<std::size_t>(counts[q])) MPI_Cancel(&blocks[r]);
+      if (announced_block(q) != counts[q]) MPI_Cancel(&blocks[r]);
       ++r;
     }
-    wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at});
+    wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at}, sent);
     throw;
   } catch (...) {
-    release(blocks.data(), static_cast<int>(blocks.size()), receives, {recv, at});
+    release(blocks.data(), static_cast<int>(blocks.size()), receives, {recv, at}, sent);
     throw;
   }
   if (place_own && own != nullptr && own != send && bytes > 0) std::memcpy(own, send, send_bytes);
-  wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at});
+  wait_all(blocks.data(), static_cast<int>(blocks.size()), receives, call, {recv, at}, sent);
+}
+
+std::shared_ptr<std::byte> MpiCommunicator::sendable(const std::string& payload) {
+  std::shared_ptr<std::byte> copy = allocate_storage(payload.size());
+  if (copy) std::memcpy(copy.get(), payload.data(), payload.size());
+  return copy;
 }
 
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
@@ -525,13 +584,15 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
   if (shared_ != nullptr) return shared_exchange(std::move(payload), call);
   // The header round carries the tag and the payload's size, and the payload itself if it fits.
   const std::size_t inline_bytes = payload.size() <= kInlineBytes ? payload.size() : 0;
-  const std::vector<Received>& headers =
-      header_round(call.signature_tag, static_cast<std::uint64_t>(to_int(payload.size(), call)), payload.data(),
-                   inline_bytes, call);
-  std::vector<int> sizes;
+  std::shared_ptr<std::byte> outgoing;
+  // (Up to kCopiedInlineBytes, the header round copies the payload itself.)
+  if (inline_bytes > kCopiedInlineBytes) outgoing = sendable(payload);
+  const void* from = outgoing ? static_cast<const void*>(outgoing.get()) : payload.data();
+  const std::vector<Received>& headers = header_round(call.signature_tag, payload.size(), from, inline_bytes, call);
+  std::vector<std::size_t> sizes;
   bool all_inline = true;
   for (const Received& h : headers) {
-    sizes.push_back(static_cast<int>(h.header.size));
+    sizes.push_back(static_cast<std::size_t>(h.header.size));
     all_inline &= h.inline_bytes == h.header.size;
   }
   if (all_inline) {
@@ -540,15 +601,16 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
     return out;
   }
   std::size_t total = 0;
-  for (int s : sizes) total += static_cast<std::size_t>(s);
+  for (std::size_t s : sizes) total += s;
   // Tensor storage, not a string: a receive left after a failure quarantines it (release()).
   const std::shared_ptr<std::byte> all = allocate_storage(total);
-  gather_bytes(payload.data(), payload.size(), all.get(), sizes, call);
+  if (!outgoing) outgoing = sendable(payload);
+  gather_bytes(outgoing.get(), payload.size(), all.get(), sizes, call);
   std::vector<std::string> out;
   std::size_t at = 0;
-  for (int s : sizes) {
-    out.emplace_back(reinterpret_cast<const char*>(all.get()) + at, static_cast<std::size_t>(s));
-    at += static_cast<std::size_t>(s);
+  for (std::size_t s : sizes) {
+    out.emplace_back(reinterpret_cast<const char*>(all.get()) + at, s);
+    at += s;
   }
   return out;
 }
@@ -612,7 +674,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
     // the tags compared alongside (posted_gather). The own input is read where
     // it is, not copied into place.
     std::byte* all = scratch(bytes * n);
-    const std::vector<int> counts(n, to_int(bytes, call));
+    const std::vector<std::size_t> counts(n, bytes);
     if (!agreed && call.signature_tag != 0 && bytes <= largest_tagged_block()) {
       posted_gather(send, bytes, all, counts, call, /*place_own=*/false);
     } else {
@@ -627,43 +689,37 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   // Bandwidth: rank r receives slice r of every input, reduces it in rank
   // order, and the reduced slices are all-gathered into place.
   if (!agreed) check_tags(call);
-  std::vector<int> slice_bytes(n), slice_displs(n);
+  std::vector<std::size_t> slice_bytes(n), slice_displs(n);
   for (std::size_t q = 0; q < n; ++q) {
     const std::size_t begin = count * q / n, end = count * (q + 1) / n;
-    slice_bytes[q] = to_int((end - begin) * esz, call);
-    slice_displs[q] = to_int(begin * esz, call);
+    slice_bytes[q] = (end - begin) * esz;
+    slice_displs[q] = begin * esz;
   }
   const auto me = static_cast<std::size_t>(rank_);
-  const int my_bytes = slice_bytes[me];
+  const std::size_t my_bytes = slice_bytes[me];
   // The slices received from the other ranks; kept by the communicator, so
   // that a receive left pending by a failure never writes into freed memory.
-  std::byte* pieces = scratch(static_cast<std::size_t>(my_bytes) * n);
+  std::byte* pieces = scratch(my_bytes * n);
   // Scatter: slice q of this rank's input goes to rank q, point to point.
   std::vector<MPI_Request> requests;
   requests.reserve(2 * n);
   for (std::size_t q = 0; q < n; ++q) {
-    if (q == me || my_bytes == 0) continue;
-    requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Irecv(pieces + q * static_cast<std::size_t>(my_bytes), my_bytes, MPI_BYTE, static_cast<int>(q),
-                    kDataTag, comm_, &requests.back()),
-          "MPI_Irecv", call);
+    if (q != me) post_receive(pieces + q * my_bytes, my_bytes, static_cast<int>(q), kDataTag, requests, call);
   }
   const int receives = static_cast<int>(requests.size());
   for (std::size_t q = 0; q < n; ++q) {
-    if (q == me || slice_bytes[q] == 0) continue;
-    requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Isend(static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], MPI_BYTE,
-                    static_cast<int>(q), kDataTag, comm_, &requests.back()),
-          "MPI_Isend", call);
+    if (q == me) continue;
+    post_send(static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], static_cast<int>(q), kDataTag,
+              requests, call);
   }
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call,
-           {pieces, static_cast<std::size_t>(my_bytes) * n});
-  for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces + q * static_cast<std::size_t>(my_bytes);
+  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {pieces, my_bytes * n},
+           {const_cast<void*>(send), bytes});
+  for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces + q * my_bytes;
   srcs[me] = static_cast<const std::byte*>(send) + slice_displs[me];  // our own slice, read in place
   auto* mine = static_cast<std::byte*>(recv) + slice_displs[me];
-  reduce_sources(mine, srcs, static_cast<std::size_t>(my_bytes) / esz, dtype, op, divisor);
+  reduce_sources(mine, srcs, my_bytes / esz, dtype, op, divisor);
   // Gather: the reduced slices, into place on every rank.
-  gather_bytes(mine, static_cast<std::size_t>(my_bytes), recv, slice_bytes, call);
+  gather_bytes(mine, my_bytes, recv, slice_bytes, call);
 }
 
 void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
@@ -671,14 +727,14 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
   Token token(*this);
   throw_if_failed();
   const std::size_t esz = size_of(dtype);
-  std::vector<int> bytes(counts.size());
+  std::vector<std::size_t> bytes(counts.size());
   std::size_t total = 0, largest = 0;
   for (std::size_t q = 0; q < counts.size(); ++q) {
-    bytes[q] = to_int(counts[q] * outer * esz, call);
-    total += static_cast<std::size_t>(bytes[q]);
-    largest = std::max(largest, static_cast<std::size_t>(bytes[q]));
+    bytes[q] = counts[q] * outer * esz;
+    total += bytes[q];
+    largest = std::max(largest, bytes[q]);
   }
-  const std::size_t mine = static_cast<std::size_t>(bytes[me()]);
+  const std::size_t mine = bytes[me()];
   // Every rank's block, rank by rank (each rank's `outer` rows together).
   std::vector<const std::byte*> blocks(counts.size());
   std::shared_ptr<std::byte> staged;
@@ -729,7 +785,7 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
     std::size_t at = 0;
     for (std::size_t q = 0; q < counts.size(); ++q) {
       blocks[q] = staged.get() + at;
-      at += static_cast<std::size_t>(bytes[q]);
+      at += bytes[q];
     }
   }
   // Laid out row by row: row o is every rank's row o, in rank order (empty
@@ -760,20 +816,17 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 
 void MpiCommunicator::broadcast_bytes(void* buffer, std::size_t bytes, int root, const CollectiveCall& call) {
   // The root sends to every other rank, point to point.
-  const int size = to_int(bytes, call);
   std::vector<MPI_Request> requests;
-  const int receives = rank_ == root ? 0 : 1;
   if (rank_ == root) {
     for (int q = 0; q < size_; ++q) {
-      if (q == root) continue;
-      requests.emplace_back(MPI_REQUEST_NULL);
-      check(MPI_Isend(buffer, size, MPI_BYTE, q, kDataTag, comm_, &requests.back()), "MPI_Isend", call);
+      if (q != root) post_send(buffer, bytes, q, kDataTag, requests, call);
     }
   } else {
-    requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Irecv(buffer, size, MPI_BYTE, root, kDataTag, comm_, &requests.back()), "MPI_Irecv", call);
+    post_receive(buffer, bytes, root, kDataTag, requests, call);
   }
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {buffer, bytes});
+  const bool sends = rank_ == root;
+  wait_all(requests.data(), static_cast<int>(requests.size()), sends ? 0 : static_cast<int>(requests.size()), call,
+           sends ? Area{} : Area{buffer, bytes}, sends ? Area{buffer, bytes} : Area{});
 }
 
 void MpiCommunicator::shared_step(std::uint64_t step, const CollectiveCall& call) {
@@ -889,7 +942,7 @@ void MpiCommunicator::shared_all_reduce(const void* send, void* recv, std::size_
 }
 
 void MpiCommunicator::single_copy_gather(const void* send, std::size_t send_bytes, std::byte* recv,
-                                         const std::vector<int>& counts, NodeSharedMemory::Call mine,
+                                         const std::vector<std::size_t>& counts, NodeSharedMemory::Call mine,
                                          const CollectiveCall& call) {
   // Every rank says where its block is at the first step and reads the
   // others' from there; the second step keeps every block in place until
@@ -899,7 +952,7 @@ void MpiCommunicator::single_copy_gather(const void* send, std::size_t send_byte
   shared_begin(step, mine, call);
   std::size_t at = 0;
   for (int q = 0; q < size_; ++q) {
-    const auto bytes = static_cast<std::size_t>(counts[static_cast<std::size_t>(q)]);
+    const std::size_t bytes = counts[static_cast<std::size_t>(q)];
     if (q == rank_) {
       if (bytes > 0 && recv + at != send) std::memcpy(recv + at, send, send_bytes);
     } else if (bytes > 0 && !shared_->read(q, shared_->call(q, step).address, recv + at, bytes)) {
@@ -941,21 +994,21 @@ std::vector<std::string> MpiCommunicator::shared_exchange(std::string payload, c
   if (through_buffer && !payload.empty()) std::memcpy(shared_->buffer(rank_, step), payload.data(), payload.size());
   shared_begin(step, {.tag = call.signature_tag, .bytes = payload.size(), .kind = static_cast<std::uint32_t>(Kind::kExchange)},
                call);
-  std::vector<int> by_mpi(static_cast<std::size_t>(size_), 0);
+  std::vector<std::size_t> by_mpi(static_cast<std::size_t>(size_), 0);
   std::size_t mpi_total = 0;
   for (int q = 0; q < size_; ++q) {
-    // Every rank sees every size: a size over MPI's limit throws on all, before any MPI call.
-    const int bytes = to_int(shared_->call(q, step).bytes, call);
-    if (q != rank_ && static_cast<std::size_t>(bytes) > NodeSharedMemory::kChunkBytes) {
+    const auto bytes = static_cast<std::size_t>(shared_->call(q, step).bytes);
+    if (q != rank_ && bytes > NodeSharedMemory::kChunkBytes) {
       by_mpi[static_cast<std::size_t>(q)] = bytes;
-      mpi_total += static_cast<std::size_t>(bytes);
+      mpi_total += bytes;
     }
   }
   std::shared_ptr<std::byte> received;
   if (mpi_total > 0 || !through_buffer) {
     // Tensor storage, not a string: a receive left after a failure quarantines it (release()).
     received = allocate_storage(mpi_total);
-    gather_bytes(payload.data(), through_buffer ? 0 : payload.size(), received.get(), by_mpi, call,
+    const std::shared_ptr<std::byte> outgoing = through_buffer ? nullptr : sendable(payload);
+    gather_bytes(outgoing.get(), through_buffer ? 0 : payload.size(), received.get(), by_mpi, call,
                  /*place_own=*/false);
   }
   std::vector<std::string> out(static_cast<std::size_t>(size_));

@@ -33,7 +33,12 @@
 //          reduce slice r in rank order, all-gather the reduced slices.
 //
 // All data moves point to point (MPI_Isend / MPI_Irecv): OpenMPI's
-// non-blocking collectives cost microseconds of scheduling per round.
+// non-blocking collectives cost microseconds of scheduling per round. MPI
+// counts are ints, so a block of more than max_message_bytes() (1 GiB)
+// travels as several messages, one after the other under the same tag (MPI
+// matches messages between two ranks in order): no size is too large.
+// DISTRIBUTE_MPI_MAX_MESSAGE_BYTES sets a smaller piece (the smallest any
+// rank asks for), so that tests take that path with small tensors.
 //
 // The header round (between hosts): a collective whose CollectiveCall carries a signature tag
 // begins with one message from every rank to every other: a 16-byte header
@@ -62,6 +67,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -82,9 +88,9 @@ namespace distribute::internal {
 // FailedPreconditionError if MPI gives a lower thread level.
 void ensure_mpi_initialized();
 
-// Where an MPI call's receives write: the caller's buffer, or the
-// communicator's own (MpiCommunicator::release).
-struct MpiReceiveArea {
+// Where an MPI call's receives write, or where its sends read: the caller's
+// buffer, or the communicator's own (MpiCommunicator::release).
+struct MpiArea {
   void* data = nullptr;
   std::size_t bytes = 0;
 };
@@ -106,6 +112,9 @@ class MpiCommunicator final : public Communicator {
   // Whether, besides, every rank reads the others' memory with the kernel's
   // single copy (process_vm_readv; DISTRIBUTE_MPI_SINGLE_COPY not "0").
   bool uses_single_copy() const { return shared_ != nullptr && shared_->single_copy(); }
+  // The most bytes one MPI message carries; larger blocks go in pieces.
+  std::size_t max_message_bytes() const { return max_message_bytes_; }
+  static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -172,8 +181,17 @@ class MpiCommunicator final : public Communicator {
     if (q == me() || !(size & kBlockFollows)) return std::nullopt;
     return static_cast<std::size_t>(size & ~kBlockFollows);
   }
-  // The largest block with a tag of its own.
-  std::size_t largest_tagged_block() const { return static_cast<std::size_t>(tag_ub_ - kFirstBlockTag - 1) / 2; }
+  // The largest block with a tag of its own, sent as one message.
+  std::size_t largest_tagged_block() const {
+    return std::min(static_cast<std::size_t>(tag_ub_ - kFirstBlockTag - 1) / 2, max_message_bytes_);
+  }
+  // Post the receive (the send) of `bytes` from (to) `peer` as messages of at
+  // most max_message_bytes_, in order, appending their requests; none for 0
+  // bytes. Both sides cut the same bytes alike, so the pieces match in order.
+  void post_receive(void* into, std::size_t bytes, int peer, int tag, std::vector<MPI_Request>& requests,
+                    const CollectiveCall& call);
+  void post_send(const void* from, std::size_t bytes, int peer, int tag, std::vector<MPI_Request>& requests,
+                 const CollectiveCall& call);
   // The header round: sends {tag, size} and `inline_bytes` (<= kInlineBytes)
   // of `data` to every other rank; returns every rank's, in rank order.
   // Throws SignatureMismatch on every rank if the tags differ, after
@@ -187,7 +205,8 @@ class MpiCommunicator final : public Communicator {
   // nullptr: none posted).
   void post_header_round(std::uint64_t tag, std::uint64_t size, const void* data, std::size_t inline_bytes,
                          const CollectiveCall& call);
-  const std::vector<Received>& finish_header_round(const CollectiveCall& call, const std::vector<int>* sizes_posted);
+  const std::vector<Received>& finish_header_round(const CollectiveCall& call,
+                                                 const std::vector<std::size_t>* sizes_posted);
   // all_gather_v of bytes (outer == 1) with a tag, in one round: every block's
   // receive is posted into place before the headers are sent, and each block
   // follows its header at once. On a mismatch every block sent is received
@@ -196,26 +215,31 @@ class MpiCommunicator final : public Communicator {
   // `recv`'s blocks of other ranks then hold whatever arrived. Without
   // `place_own`, this rank's own block of `recv` is left as it is (a caller
   // that reads its input where it is).
-  void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv, const std::vector<int>& counts,
-                     const CollectiveCall& call, bool place_own = true);
+  void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
+                     const std::vector<std::size_t>& counts, const CollectiveCall& call, bool place_own = true);
   // Polls `done()` until it returns true, watching the timeout, abort and
   // other ranks' failure notices in between.
   template <class Done>
   void poll(const CollectiveCall& call, Done&& done);
   // The header round with the tag alone, if the call has one.
   void check_tags(const CollectiveCall& call);
-  using ReceiveArea = MpiReceiveArea;
+  using Area = MpiArea;
   // Waits for all `count` requests (the first `receives` of them receives,
-  // into `area`), polling for timeout, abort and other ranks' failure
-  // notices. If it throws, the requests are released first (release()).
-  void wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call, ReceiveArea area = {},
-                MPI_Status* statuses = nullptr);
+  // into `area`; the others sends, from `sent`), polling for timeout, abort
+  // and other ranks' failure notices. If it throws, the requests are
+  // released first (release()).
+  void wait_all(MPI_Request* requests, int count, int receives, const CollectiveCall& call, Area area = {},
+                Area sent = {}, MPI_Status* statuses = nullptr);
   void poll_all(MPI_Request* requests, int count, const CollectiveCall& call, MPI_Status* statuses);
   // Cancels pending receives and frees every request, after a failure. A
   // receive that a message is already filling cannot be cancelled: if one is
   // left, `area` is quarantined (core/storage.h), so that its storage is
-  // never reused while MPI may still write into it.
-  static void release(MPI_Request* requests, int count, int receives, ReceiveArea area) noexcept;
+  // never reused while MPI may still write into it. A send cannot be
+  // cancelled either: one left pending (its peer late, or the way to it full)
+  // may read `sent` at any later time and deliver it to a peer that then
+  // completes its call, so `sent` is quarantined too: tensor storage keeps
+  // its bytes. Other memory is the caller's to keep alive and unchanged.
+  static void release(MPI_Request* requests, int count, int receives, Area area, Area sent) noexcept;
   // A buffer of at least `bytes`, reused from call to call.
   std::byte* scratch(std::size_t bytes);
   std::size_t me() const { return static_cast<std::size_t>(rank_); }
@@ -245,17 +269,22 @@ class MpiCommunicator final : public Communicator {
                          std::int64_t divisor, const NodeSharedMemory::Call& mine, const CollectiveCall& call);
   // all_gather_v of bytes (outer == 1) on one host with single_copy(): two
   // steps, the blocks read where they are in between.
-  void single_copy_gather(const void* send, std::size_t send_bytes, std::byte* recv, const std::vector<int>& counts,
-                          NodeSharedMemory::Call mine, const CollectiveCall& call);
+  void single_copy_gather(const void* send, std::size_t send_bytes, std::byte* recv,
+                          const std::vector<std::size_t>& counts, NodeSharedMemory::Call mine,
+                          const CollectiveCall& call);
   // The calls of one host: exchange, all_gather_v of blocks up to
   // NodeSharedMemory::kChunkBytes, and broadcast (from the shared buffers up
   // to kChunkBytes; larger, the data through MPI after shared_begin).
   std::vector<std::string> shared_exchange(std::string payload, const CollectiveCall& call);
+  // A copy of an exchange's payload in tensor storage, to send from: a send
+  // left pending by a failure then reads memory that is quarantined, not a
+  // string freed by then (release()).
+  static std::shared_ptr<std::byte> sendable(const std::string& payload);
   void shared_broadcast(void* buffer, std::size_t bytes, DType dtype, int root, const CollectiveCall& call);
   // The root sends `bytes` to every other rank, point to point.
   void broadcast_bytes(void* buffer, std::size_t bytes, int root, const CollectiveCall& call);
   // all_gather_v of bytes, outer == 1 (`place_own`: as posted_gather's).
-  void gather_bytes(const void* send, std::size_t send_bytes, void* recv, const std::vector<int>& counts,
+  void gather_bytes(const void* send, std::size_t send_bytes, void* recv, const std::vector<std::size_t>& counts,
                     const CollectiveCall& call, bool place_own = true);
 
   // The right to call MPI, held for a whole operation.
@@ -275,9 +304,16 @@ class MpiCommunicator final : public Communicator {
   // If another rank's failure notice has arrived, records it (token held).
   void receive_notice();
 
-  Header header_out_;                  // this rank's header of the header round
   static constexpr std::size_t kCopiedInlineBytes = 1024;
-  std::array<std::byte, sizeof(Header) + kCopiedInlineBytes> small_out_{};  // header + a little data
+  // What the header round sends from: this rank's header, and the header
+  // with a little data behind it. On the heap, so that a failed
+  // communicator can leave it to sends still pending.
+  struct Outbox {
+    Header header;
+    std::array<std::byte, sizeof(Header) + kCopiedInlineBytes> small{};
+  };
+  std::unique_ptr<Outbox> out_ = std::make_unique<Outbox>();
+  Area header_sent_;  // the caller's data that the header round sends in place, if any
   std::vector<std::byte> header_in_;   // every other rank's message, header + kInlineBytes each
   std::vector<Received> received_;
   std::uint64_t header_rounds_ = 0;  // header rounds started; the same count on every rank
@@ -293,10 +329,13 @@ class MpiCommunicator final : public Communicator {
   std::mutex token_;
   std::atomic<std::thread::id> token_holder_{};
   std::atomic<bool> notice_pending_{false};
-  std::string notice_;  // error code byte + message; written once, before notice_pending_
+  // Error code byte + message; made once, before notice_pending_; never
+  // freed once sent (flush_notice lets its sends go unfinished).
+  std::unique_ptr<std::string> notice_;
   int rank_ = 0;
   int size_ = 1;
   int tag_ub_ = 32767;  // MPI_TAG_UB of comm_ (at least 32767 by the standard)
+  std::size_t max_message_bytes_ = kMaxMessageBytes;
   std::mutex mu_;
   std::atomic<bool> failed_{false};
   ErrorCode failure_code_ = ErrorCode::kUnavailable;
