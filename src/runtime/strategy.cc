@@ -312,6 +312,9 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   } else {
     internal::run_on_new_threads(n, replica_main);
   }
+  // The last merge_fn's result (and a copy job's tensors) would otherwise
+  // stay in the group's entries until the next run.
+  res.local->drop_objects();
 
   const int origin = res.local->abort_origin();
   if (origin >= 0 && errors[static_cast<std::size_t>(origin)]) {

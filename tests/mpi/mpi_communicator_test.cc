@@ -682,7 +682,7 @@ TEST(MpiCommunicatorTest, LateRanksMakeAnExchangeTimeOut) {
 // Inside the data steps of an untagged large all-reduce (in shared memory on
 // one host): rank 0's abort from another thread releases it, and its notice
 // releases the ranks that then wait for it there. On MPI's path rank 0's
-// sends are still pending when it gives up (its peers are late): MPI may
+// sends are still pending when it gives up (its peers come after): MPI may
 // read its input after the call has thrown, and a late peer may finish the
 // call with what it reads, so the input (tensor storage) is kept aside
 // (quarantined) with its bytes, never reused; the peer then finishes with the
@@ -707,13 +707,15 @@ TEST(MpiCommunicatorTest, AbortReleasesRanksWaitingInALargeAllReduce) {
     stopper.join();
     const std::size_t kept = quarantined_blocks();
     storage.reset();
-    // The peers come 500 ms late, after the abort and its 100 ms of grace:
-    // on MPI's path a send was left, and the input is kept.
-    if (!comm.uses_node_shared_memory()) {
+    // The peers come after this (the barrier below): on MPI's path a send
+    // of a whole slice (not eager, so MPI waits for its receive) was left,
+    // and the input is kept. (1000-byte pieces may all have gone eagerly.)
+    if (!comm.uses_node_shared_memory() && comm.max_message_bytes() == MpiCommunicator::kMaxMessageBytes) {
       EXPECT_EQ(quarantined_blocks(), kept + 1);
     }
+    MPI_Barrier(MPI_COMM_WORLD);
   } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Barrier(MPI_COMM_WORLD);  // until rank 0 has given up
     try {
       all_reduce();
       if (comm.uses_node_shared_memory()) {
@@ -783,14 +785,14 @@ TEST(MpiCommunicatorTest, AMessagePieceSizeThatIsNoSizeFailsEveryRank) {
   if (probe.size() < 2) GTEST_SKIP() << "needs two ranks: one has the bad setting";
   const char* before = std::getenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
   const std::string saved = before != nullptr ? before : "";
-  for (const char* bad : {"0", "12x", "-5", "1073741825", ""}) {
+  for (const char* bad : {"0", "999", "12x", "-5", " -18446744073709551615", "1073741825", ""}) {
     if (probe.rank() == 1) setenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES", bad, 1);
     try {
       MpiCommunicator comm;
       ADD_FAILURE() << "rank " << probe.rank() << " made a communicator with the setting \"" << bad << "\" on rank 1";
     } catch (const InvalidArgumentError& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank 1 is not a whole number of bytes from 1 to "
+      EXPECT_NE(what.find("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank 1 is not a whole number of bytes from 1000 to "
                           "1073741824"),
                 std::string::npos)
           << what;
@@ -809,43 +811,53 @@ TEST(MpiCommunicatorTest, AMessagePieceSizeThatIsNoSizeFailsEveryRank) {
   EXPECT_EQ(sum, comm.size() * (comm.size() + 1) / 2);
 }
 
-// Sizes around whole numbers of pieces: one byte under, at and over, for
-// every call that moves blocks point to point (all-reduce slices and their
-// gather, all-gather blocks, broadcast, exchange payloads).
+// Sizes around whole numbers of pieces (of 1000 bytes in the *_pieces runs;
+// the same sizes, whole messages, in the others), each beyond the header
+// round, so that MPI's path sends it point to point: every all-reduce path
+// (every input to every rank up to 1 MiB received; beyond, slices that fall
+// on piece boundaries), all-gather blocks over kPostedGatherBytes, a
+// broadcast, and exchange payloads over kInlineBytes. Every element checked.
 TEST(MpiCommunicatorTest, BlocksAroundWholeNumbersOfPiecesArriveWhole) {
   MpiCommunicator comm;
   const int n = comm.size();
-  const std::size_t piece = std::min<std::size_t>(comm.max_message_bytes(), std::size_t{1} << 20);
+  const auto un = static_cast<std::size_t>(n);
+  const std::size_t piece = std::min<std::size_t>(comm.max_message_bytes(), 1000);
   std::uint64_t seq = 1;
-  for (std::size_t pieces : {std::size_t{1}, std::size_t{3}}) {
-    for (std::ptrdiff_t delta : {-1, 0, 1}) {
-      const auto bytes = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(pieces * piece) + delta);
-      // all_reduce of int8 (count == bytes), large enough for the scatter
-      // path only with small pieces; the reference checks every element.
+  for (std::ptrdiff_t delta : {-1, 0, 1}) {
+    const auto around = [&](std::size_t whole) { return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(whole) + delta); };
+    // all_reduce of int8 (one byte an element): 70 pieces, then slices of
+    // 1100 pieces each (n * 1100 * piece bytes, over 1 MiB received).
+    for (std::size_t bytes : {around(70 * piece), around(un * 1100 * piece)}) {
+      static_assert(MpiCommunicator::kInlineBytes < 70 * 1000);
       expect_all_reduce(comm, DType::kInt8, ReduceOp::kMax, bytes, /*in_place=*/false);
-      std::vector<std::size_t> counts;
-      for (int q = 0; q < n; ++q) counts.push_back(bytes + static_cast<std::size_t>(q));
-      expect_all_gather_v(comm, counts, 1, call("all_gather", ++seq));
-      for (int root = 0; root < n; ++root) {
-        std::vector<std::uint8_t> buf(bytes);
-        const auto byte = [&](std::size_t i) { return static_cast<std::uint8_t>(i * 7 + static_cast<std::size_t>(root)); };
-        for (std::size_t i = 0; i < bytes; ++i) buf[i] = comm.rank() == root ? byte(i) : 0;
-        comm.broadcast(buf.data(), bytes, DType::kUInt8, root, call("broadcast", ++seq));
-        for (std::size_t i = 0; i < bytes; ++i) {
-          ASSERT_EQ(buf[i], byte(i)) << "byte " << i << " of " << bytes << " root " << root;
-        }
-      }
-      const auto payload = [&](int q) {
-        std::string p(bytes + static_cast<std::size_t>(q) * 3, '\0');
-        for (std::size_t i = 0; i < p.size(); ++i) {
-          p[i] = static_cast<char>('a' + (i + static_cast<std::size_t>(q)) % 26);
-        }
-        return p;
-      };
-      const auto all = comm.exchange(payload(comm.rank()), call("exchange", ++seq));
-      ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
-      for (int q = 0; q < n; ++q) EXPECT_EQ(all[static_cast<std::size_t>(q)], payload(q)) << "bytes " << bytes;
+      expect_all_reduce(comm, DType::kInt8, ReduceOp::kSum, bytes, /*in_place=*/true);
     }
+    // all_gather of int32: blocks of 20 pieces (+ 4 bytes per rank and delta).
+    std::vector<std::size_t> counts;
+    for (int q = 0; q < n; ++q) counts.push_back(around(20 * piece / 4 + static_cast<std::size_t>(q)));
+    static_assert(MpiCommunicator::kPostedGatherBytes < 20 * 1000 - 4);
+    expect_all_gather_v(comm, counts, 1, call("all_gather", ++seq));
+    const std::size_t bytes = around(3 * piece);
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::uint8_t> buf(bytes);
+      const auto byte = [&](std::size_t i) { return static_cast<std::uint8_t>(i * 7 + static_cast<std::size_t>(root)); };
+      for (std::size_t i = 0; i < bytes; ++i) buf[i] = comm.rank() == root ? byte(i) : 0;
+      comm.broadcast(buf.data(), bytes, DType::kUInt8, root, call("broadcast", ++seq));
+      for (std::size_t i = 0; i < bytes; ++i) {
+        ASSERT_EQ(buf[i], byte(i)) << "byte " << i << " of " << bytes << " root " << root;
+      }
+    }
+    const auto payload = [&](int q) {
+      std::string p(around(66 * piece) + static_cast<std::size_t>(q) * 3, '\0');
+      static_assert(MpiCommunicator::kInlineBytes < 66 * 1000 - 1);
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        p[i] = static_cast<char>('a' + (i + static_cast<std::size_t>(q)) % 26);
+      }
+      return p;
+    };
+    const auto all = comm.exchange(payload(comm.rank()), call("exchange", ++seq));
+    ASSERT_EQ(all.size(), un);
+    for (int q = 0; q < n; ++q) EXPECT_EQ(all[static_cast<std::size_t>(q)], payload(q)) << "delta " << delta;
   }
 }
 

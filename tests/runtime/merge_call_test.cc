@@ -196,6 +196,30 @@ TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
   EXPECT_EQ(r[1], 600);
 }
 
+// The last merge_fn's result sits in replica 0's entry of the group until
+// another round replaces it; run() lets it go when it returns, so a large
+// result the replicas dropped is not held until the next step. A copy job
+// (large broadcast_to copies shared with the paused replicas) holds its
+// tensors the same way.
+TEST(MergeCallTest, TheLastMergeResultIsLetGoWhenRunReturns) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    std::weak_ptr<std::byte> result_storage, copy_storage;
+    s->run([&](ReplicaContext& ctx) {
+      const Tensor mine = ctx.merge_call([&](Strategy& strategy) {
+        Tensor big(DType::kFloat32, Shape{std::int64_t{1} << 18});  // 1 MiB: copies shared from 3 replicas on
+        result_storage = big.storage();
+        Mirrored<Tensor> placed = strategy.extended().broadcast_to(big);
+        copy_storage = placed.values().back().storage();
+        return placed;
+      });
+      EXPECT_EQ(mine.num_elements(), std::int64_t{1} << 18);
+    });
+    EXPECT_TRUE(result_storage.expired()) << n << " replicas";
+    EXPECT_TRUE(copy_storage.expired()) << n << " replicas";
+  }
+}
+
 TEST(MergeCallTest, ManyStepsInARow) {
   auto s = testing::mirrored(3);
   auto r = s->run([](ReplicaContext& ctx) {

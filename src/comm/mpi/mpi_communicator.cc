@@ -59,13 +59,15 @@ void finalize_at_exit() {
 }
 
 // DISTRIBUTE_MPI_MAX_MESSAGE_BYTES as a piece size, or 0 if it is not a
-// whole number of bytes from 1 to kMaxMessageBytes.
+// whole number of bytes from kMinMessageBytes to kMaxMessageBytes.
 int parse_message_bytes(const char* text) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long bytes = std::strtoull(text, &end, 10);
-  const bool whole = end != text && *end == '\0' && errno == 0 && text[0] != '-';
-  return whole && bytes >= 1 && bytes <= MpiCommunicator::kMaxMessageBytes ? static_cast<int>(bytes) : 0;
+  const bool whole = text[0] >= '0' && text[0] <= '9' && *end == '\0' && errno == 0;
+  return whole && bytes >= MpiCommunicator::kMinMessageBytes && bytes <= MpiCommunicator::kMaxMessageBytes
+             ? static_cast<int>(bytes)
+             : 0;
 }
 
 std::string seconds_text(double seconds) {
@@ -110,41 +112,53 @@ void ensure_mpi_initialized() {
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   ensure_mpi_initialized();
-  CollectiveCall setup{.op = "MPI_Comm_dup"};
-  check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", setup);
-  check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", setup);
-  check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", setup);
-  check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", setup);
-  int* tag_ub = nullptr;
-  int has_tag_ub = 0;
-  check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub), "MPI_Comm_get_attr", setup);
-  if (has_tag_ub && tag_ub != nullptr) tag_ub_ = *tag_ub;
-  check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
-  // One piece size on every rank (the smallest asked for), or an error on
-  // every rank naming the first rank whose setting is not a size.
-  struct {
-    int bytes;
-    int rank;
-  } piece{static_cast<int>(kMaxMessageBytes), rank_}, agreed{};
-  static_assert(kMaxMessageBytes <= static_cast<std::size_t>(INT_MAX));
-  const char* piece_text = std::getenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
-  if (piece_text != nullptr) piece.bytes = parse_message_bytes(piece_text);
-  check(MPI_Allreduce(&piece, &agreed, 1, MPI_2INT, MPI_MINLOC, comm_), "MPI_Allreduce", setup);
-  if (agreed.bytes <= 0) {
-    MPI_Comm_free(&notices_);
-    MPI_Comm_free(&comm_);
-    throw InvalidArgumentError("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank " + std::to_string(agreed.rank) +
-                               " is not a whole number of bytes from 1 to " + std::to_string(kMaxMessageBytes) +
-                               (agreed.rank == rank_ ? " (it is \"" + std::string(piece_text) + "\")" : ""));
+  try {
+    CollectiveCall setup{.op = "MPI_Comm_dup"};
+    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", setup);
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", setup);
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", setup);
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", setup);
+    int* tag_ub = nullptr;
+    int has_tag_ub = 0;
+    check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub), "MPI_Comm_get_attr", setup);
+    if (has_tag_ub && tag_ub != nullptr) tag_ub_ = *tag_ub;
+    check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
+    // One piece size on every rank (the smallest asked for), or an error on
+    // every rank naming the first rank whose setting is not a size.
+    struct {
+      int bytes;
+      int rank;
+    } piece{static_cast<int>(kMaxMessageBytes), rank_}, agreed{};
+    static_assert(kMaxMessageBytes <= static_cast<std::size_t>(INT_MAX));
+    const char* piece_text = std::getenv("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES");
+    if (piece_text != nullptr) piece.bytes = parse_message_bytes(piece_text);
+    check(MPI_Allreduce(&piece, &agreed, 1, MPI_2INT, MPI_MINLOC, comm_), "MPI_Allreduce", setup);
+    if (agreed.bytes <= 0) {
+      MPI_Comm_free(&notices_);
+      MPI_Comm_free(&comm_);
+      throw InvalidArgumentError("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank " + std::to_string(agreed.rank) +
+                                 " is not a whole number of bytes from " + std::to_string(kMinMessageBytes) +
+                                 " to " + std::to_string(kMaxMessageBytes) +
+                                 (agreed.rank == rank_ ? " (it is \"" + std::string(piece_text) + "\")" : ""));
+    }
+    max_message_bytes_ = static_cast<std::size_t>(agreed.bytes);
+    // Shared memory only if every rank wants it: a launcher that passes the
+    // switch to some ranks only (across hosts without -x) must not leave the
+    // others alone in create()'s collectives.
+    const char* shared = std::getenv("DISTRIBUTE_MPI_SHARED_MEMORY");
+    int wanted = shared == nullptr || std::strcmp(shared, "0") != 0 ? 1 : 0;
+    check(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce", setup);
+    if (wanted == 1) shared_ = NodeSharedMemory::create(comm_, rank_, size_);
+  } catch (...) {
+    // A failure here (an MPI error) may have sent this rank's notice, and
+    // a throwing constructor runs no destructor: leave the notice and the
+    // header buffers to MPI, as a failed communicator does.
+    if (failed_.load()) {
+      new std::unique_ptr<std::string>(std::move(notice_));
+      new std::unique_ptr<Outbox>(std::move(out_));
+    }
+    throw;
   }
-  max_message_bytes_ = static_cast<std::size_t>(agreed.bytes);
-  // Shared memory only if every rank wants it: a launcher that passes the
-  // switch to some ranks only (across hosts without -x) must not leave the
-  // others alone in create()'s collectives.
-  const char* shared = std::getenv("DISTRIBUTE_MPI_SHARED_MEMORY");
-  int wanted = shared == nullptr || std::strcmp(shared, "0") != 0 ? 1 : 0;
-  check(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce", setup);
-  if (wanted == 1) shared_ = NodeSharedMemory::create(comm_, rank_, size_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -191,6 +205,7 @@ MpiCommunicator::Token::~Token() {
 }
 
 void MpiCommunicator::flush_notice() noexcept {
+  if (notices_ == MPI_COMM_NULL) return;  // failed while being made: nobody to tell
   // Flag first, then try the token: whoever lets go of the token looks at the
   // flag again, so a notice is never left behind.
   while (notice_pending_.load(std::memory_order_acquire)) {
@@ -286,9 +301,13 @@ void MpiCommunicator::release(MPI_Request* requests, int count, int receives, Ar
   const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
   bool receive_left = false, send_left = false;
   for (int i = 0; i < count; ++i) {
+    // Each request is tested at least once, even after the grace is spent:
+    // one that has finished (MPI_Testall leaves finished requests in place
+    // while others are pending) must not have its area kept for nothing.
     int done = 0;
-    while (requests[i] != MPI_REQUEST_NULL && !done && Clock::now() < give_up) {
+    while (requests[i] != MPI_REQUEST_NULL) {
       MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+      if (done || Clock::now() >= give_up) break;
     }
     (i < receives ? receive_left : send_left) |= requests[i] != MPI_REQUEST_NULL && !done;
   }
@@ -455,28 +474,38 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
   throw SignatureMismatch();
 }
 
-void MpiCommunicator::post_receive(void* into, std::size_t bytes, int peer, int tag,
-                                   std::vector<MPI_Request>& requests, const CollectiveCall& call) {
+void MpiCommunicator::post_receive(Messages& m, void* into, std::size_t bytes, int peer, int tag,
+                                   const CollectiveCall& call) {
+  if (m.receives != static_cast<int>(m.requests.size())) {
+    throw InternalError(label(call) + ": a receive posted after a send");  // release() counts receives first
+  }
   auto* at = static_cast<std::byte*>(into);
   for (std::size_t done = 0; done < bytes;) {
     const std::size_t piece = std::min(bytes - done, max_message_bytes_);
-    requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Irecv(at + done, static_cast<int>(piece), MPI_BYTE, peer, tag, comm_, &requests.back()), "MPI_Irecv",
-          call);
+    m.requests.emplace_back(MPI_REQUEST_NULL);
+    const int result = MPI_Irecv(at + done, static_cast<int>(piece), MPI_BYTE, peer, tag, comm_, &m.requests.back());
+    if (result != MPI_SUCCESS) post_failed(m, result, "MPI_Irecv", call);
+    ++m.receives;
     done += piece;
   }
 }
 
-void MpiCommunicator::post_send(const void* from, std::size_t bytes, int peer, int tag,
-                                std::vector<MPI_Request>& requests, const CollectiveCall& call) {
+void MpiCommunicator::post_send(Messages& m, const void* from, std::size_t bytes, int peer, int tag,
+                                const CollectiveCall& call) {
   const auto* at = static_cast<const std::byte*>(from);
   for (std::size_t done = 0; done < bytes;) {
     const std::size_t piece = std::min(bytes - done, max_message_bytes_);
-    requests.emplace_back(MPI_REQUEST_NULL);
-    check(MPI_Isend(at + done, static_cast<int>(piece), MPI_BYTE, peer, tag, comm_, &requests.back()), "MPI_Isend",
-          call);
+    m.requests.emplace_back(MPI_REQUEST_NULL);
+    const int result = MPI_Isend(at + done, static_cast<int>(piece), MPI_BYTE, peer, tag, comm_, &m.requests.back());
+    if (result != MPI_SUCCESS) post_failed(m, result, "MPI_Isend", call);
     done += piece;
   }
+}
+
+void MpiCommunicator::post_failed(Messages& m, int mpi_result, const char* what, const CollectiveCall& call) {
+  m.requests.pop_back();  // the one MPI refused
+  release(m.requests.data(), static_cast<int>(m.requests.size()), m.receives, m.area, m.sent);
+  check(mpi_result, what, call);  // throws
 }
 
 void MpiCommunicator::check_tags(const CollectiveCall& call) {
@@ -490,8 +519,10 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
   // Point to point: every rank sends its block to every other (messages
   // between two ranks are matched in order, so one tag serves every call).
   auto* out = static_cast<std::byte*>(recv);
-  std::vector<MPI_Request> requests;
-  requests.reserve(2 * counts.size());
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  Messages m({out, total}, {const_cast<void*>(send), send_bytes});
+  m.requests.reserve(2 * counts.size());
   std::size_t at = 0;
   std::byte* own = nullptr;
   for (std::size_t q = 0; q < counts.size(); ++q) {
@@ -499,17 +530,15 @@ void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, voi
     if (peer == rank_) {
       own = out + at;
     } else {
-      post_receive(out + at, counts[q], peer, kDataTag, requests, call);
+      post_receive(m, out + at, counts[q], peer, kDataTag, call);
     }
     at += counts[q];
   }
-  const int receives = static_cast<int>(requests.size());
   for (int q = 0; q < size_; ++q) {
-    if (q != rank_) post_send(send, send_bytes, q, kDataTag, requests, call);
+    if (q != rank_) post_send(m, send, send_bytes, q, kDataTag, call);
   }
   if (place_own && own != nullptr && own != send && send_bytes > 0) std::memcpy(own, send, send_bytes);
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {out, at},
-           {const_cast<void*>(send), send_bytes});
+  wait(m, call);
 }
 
 void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
@@ -526,21 +555,24 @@ void MpiCommunicator::posted_gather(const void* send, std::size_t send_bytes, st
   // header's round. Zero-byte blocks are sent too, so every peer's header is
   // followed by exactly one block.
   std::size_t at = 0;
+  for (std::size_t c : counts) at += c;
   std::byte* own = nullptr;
-  for (std::size_t q = 0; q < counts.size(); ++q) {
-    if (q == me()) {
-      own = recv + at;
-    } else {
-      blocks.emplace_back(MPI_REQUEST_NULL);
-      check(MPI_Irecv(recv + at, static_cast<int>(counts[q]), MPI_BYTE, static_cast<int>(q),
-                      block_tag(counts[q], round), comm_, &blocks.back()),
-            "MPI_Irecv", call);
-    }
-    at += counts[q];
-  }
-  const int receives = static_cast<int>(blocks.size());
+  int receives = 0;
   const Area sent{const_cast<void*>(send), send_bytes};
   try {
+    std::size_t offset = 0;
+    for (std::size_t q = 0; q < counts.size(); ++q) {
+      if (q == me()) {
+        own = recv + offset;
+      } else {
+        blocks.emplace_back(MPI_REQUEST_NULL);
+        check(MPI_Irecv(recv + offset, static_cast<int>(counts[q]), MPI_BYTE, static_cast<int>(q),
+                        block_tag(counts[q], round), comm_, &blocks.back()),
+              "MPI_Irecv", call);
+        ++receives;
+      }
+      offset += counts[q];
+    }
     post_header_round(call.signature_tag, kBlockFollows | static_cast<std::uint64_t>(bytes), nullptr, 0, call);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
@@ -701,19 +733,17 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   // that a receive left pending by a failure never writes into freed memory.
   std::byte* pieces = scratch(my_bytes * n);
   // Scatter: slice q of this rank's input goes to rank q, point to point.
-  std::vector<MPI_Request> requests;
-  requests.reserve(2 * n);
+  Messages m({pieces, my_bytes * n}, {const_cast<void*>(send), bytes});
+  m.requests.reserve(2 * n);
   for (std::size_t q = 0; q < n; ++q) {
-    if (q != me) post_receive(pieces + q * my_bytes, my_bytes, static_cast<int>(q), kDataTag, requests, call);
+    if (q != me) post_receive(m, pieces + q * my_bytes, my_bytes, static_cast<int>(q), kDataTag, call);
   }
-  const int receives = static_cast<int>(requests.size());
   for (std::size_t q = 0; q < n; ++q) {
     if (q == me) continue;
-    post_send(static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], static_cast<int>(q), kDataTag,
-              requests, call);
+    post_send(m, static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], static_cast<int>(q),
+              kDataTag, call);
   }
-  wait_all(requests.data(), static_cast<int>(requests.size()), receives, call, {pieces, my_bytes * n},
-           {const_cast<void*>(send), bytes});
+  wait(m, call);
   for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces + q * my_bytes;
   srcs[me] = static_cast<const std::byte*>(send) + slice_displs[me];  // our own slice, read in place
   auto* mine = static_cast<std::byte*>(recv) + slice_displs[me];
@@ -816,17 +846,13 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 
 void MpiCommunicator::broadcast_bytes(void* buffer, std::size_t bytes, int root, const CollectiveCall& call) {
   // The root sends to every other rank, point to point.
-  std::vector<MPI_Request> requests;
-  if (rank_ == root) {
-    for (int q = 0; q < size_; ++q) {
-      if (q != root) post_send(buffer, bytes, q, kDataTag, requests, call);
-    }
-  } else {
-    post_receive(buffer, bytes, root, kDataTag, requests, call);
-  }
   const bool sends = rank_ == root;
-  wait_all(requests.data(), static_cast<int>(requests.size()), sends ? 0 : static_cast<int>(requests.size()), call,
-           sends ? Area{} : Area{buffer, bytes}, sends ? Area{buffer, bytes} : Area{});
+  Messages m(sends ? Area{} : Area{buffer, bytes}, sends ? Area{buffer, bytes} : Area{});
+  for (int q = 0; q < size_ && sends; ++q) {
+    if (q != root) post_send(m, buffer, bytes, q, kDataTag, call);
+  }
+  if (!sends) post_receive(m, buffer, bytes, root, kDataTag, call);
+  wait(m, call);
 }
 
 void MpiCommunicator::shared_step(std::uint64_t step, const CollectiveCall& call) {

@@ -37,8 +37,9 @@
 // counts are ints, so a block of more than max_message_bytes() (1 GiB)
 // travels as several messages, one after the other under the same tag (MPI
 // matches messages between two ranks in order): no size is too large.
-// DISTRIBUTE_MPI_MAX_MESSAGE_BYTES sets a smaller piece (the smallest any
-// rank asks for), so that tests take that path with small tensors.
+// DISTRIBUTE_MPI_MAX_MESSAGE_BYTES sets a smaller piece, down to 1000 bytes
+// (the smallest any rank asks for), so that tests take that path with small
+// tensors.
 //
 // The header round (between hosts): a collective whose CollectiveCall carries a signature tag
 // begins with one message from every rank to every other: a 16-byte header
@@ -115,6 +116,9 @@ class MpiCommunicator final : public Communicator {
   // The most bytes one MPI message carries; larger blocks go in pieces.
   std::size_t max_message_bytes() const { return max_message_bytes_; }
   static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
+  // The smallest piece a setting may ask for: smaller ones would only make
+  // requests by the million (a request per piece).
+  static constexpr std::size_t kMinMessageBytes = 1000;
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -130,7 +134,8 @@ class MpiCommunicator final : public Communicator {
   // All-gathers whose largest block is at most this many bytes move the
   // blocks inside the header round; larger ones send each block as a message
   // of its own, alongside the header round (posted_gather) or, beyond what
-  // MPI's tags can name, after it. Measured at 2 workers (docs/benchmarks.md,
+  // MPI's tags can name or one message carries (max_message_bytes()), after
+  // it. Measured at 2 workers (docs/benchmarks.md,
   // multi-worker): 32 KiB blocks took 8.3 to 9.5 us posted, 9.9 to 26.9
   // inside the header round (OpenMPI sends a two-part datatype that large
   // through its own buffers).
@@ -149,6 +154,7 @@ class MpiCommunicator final : public Communicator {
   static_assert(kSharedGatherBytes <= NodeSharedMemory::kChunkBytes);
 
  private:
+  using Area = MpiArea;
   struct Header {
     std::uint64_t tag = 0;
     std::uint64_t size = 0;  // what the call says; the inline data, if any, follows
@@ -185,13 +191,25 @@ class MpiCommunicator final : public Communicator {
   std::size_t largest_tagged_block() const {
     return std::min(static_cast<std::size_t>(tag_ub_ - kFirstBlockTag - 1) / 2, max_message_bytes_);
   }
+  // The point-to-point messages of one call: its receives (into `area`),
+  // all posted before its sends (from `sent`), waited for together.
+  struct Messages {
+    Messages(Area into, Area from) : area(into), sent(from) {}
+    std::vector<MPI_Request> requests;
+    int receives = 0;
+    Area area, sent;
+  };
   // Post the receive (the send) of `bytes` from (to) `peer` as messages of at
-  // most max_message_bytes_, in order, appending their requests; none for 0
-  // bytes. Both sides cut the same bytes alike, so the pieces match in order.
-  void post_receive(void* into, std::size_t bytes, int peer, int tag, std::vector<MPI_Request>& requests,
-                    const CollectiveCall& call);
-  void post_send(const void* from, std::size_t bytes, int peer, int tag, std::vector<MPI_Request>& requests,
-                 const CollectiveCall& call);
+  // most max_message_bytes_, in order; none for 0 bytes. Both sides cut the
+  // same bytes alike, so the pieces match in order. If MPI refuses one,
+  // what `m` has posted is released (release()) before the error is thrown.
+  void post_receive(Messages& m, void* into, std::size_t bytes, int peer, int tag, const CollectiveCall& call);
+  void post_send(Messages& m, const void* from, std::size_t bytes, int peer, int tag, const CollectiveCall& call);
+  void post_failed(Messages& m, int mpi_result, const char* what, const CollectiveCall& call);
+  // wait_all for everything `m` has posted.
+  void wait(Messages& m, const CollectiveCall& call) {
+    wait_all(m.requests.data(), static_cast<int>(m.requests.size()), m.receives, call, m.area, m.sent);
+  }
   // The header round: sends {tag, size} and `inline_bytes` (<= kInlineBytes)
   // of `data` to every other rank; returns every rank's, in rank order.
   // Throws SignatureMismatch on every rank if the tags differ, after
@@ -223,7 +241,6 @@ class MpiCommunicator final : public Communicator {
   void poll(const CollectiveCall& call, Done&& done);
   // The header round with the tag alone, if the call has one.
   void check_tags(const CollectiveCall& call);
-  using Area = MpiArea;
   // Waits for all `count` requests (the first `receives` of them receives,
   // into `area`; the others sends, from `sent`), polling for timeout, abort
   // and other ranks' failure notices. If it throws, the requests are
@@ -237,8 +254,9 @@ class MpiCommunicator final : public Communicator {
   // never reused while MPI may still write into it. A send cannot be
   // cancelled either: one left pending (its peer late, or the way to it full)
   // may read `sent` at any later time and deliver it to a peer that then
-  // completes its call, so `sent` is quarantined too: tensor storage keeps
-  // its bytes. Other memory is the caller's to keep alive and unchanged.
+  // completes its call, so `sent` is quarantined too: tensor storage is
+  // never freed or reused, though its owner may still write into it. Other
+  // memory is the caller's to keep alive and unchanged.
   static void release(MPI_Request* requests, int count, int receives, Area area, Area sent) noexcept;
   // A buffer of at least `bytes`, reused from call to call.
   std::byte* scratch(std::size_t bytes);

@@ -469,6 +469,23 @@ void LocalGroup::reset() {
   warned_round_ = ~std::uint64_t{0};
 }
 
+void LocalGroup::drop_objects() {
+  std::vector<std::shared_ptr<void>> objects;  // destroyed after the lock is let go
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& slots : slots_) {
+      for (auto& e : slots) {
+        if (e.object != nullptr) objects.push_back(std::move(e.object));
+        e.object.reset();
+      }
+    }
+    for (int m = 0; m < size_; ++m) {
+      Member& me = members_[static_cast<std::size_t>(m)];
+      me.holds_object[0] = me.holds_object[1] = false;
+    }
+  }
+}
+
 int LocalGroup::abort_origin() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_origin_;

@@ -13,7 +13,8 @@
 // entries are double-buffered by round parity, and round g+2 cannot begin
 // before every member has arrived at round g+1. The same holds for each
 // member's inline area, where small messages are staged. An entry's `object`
-// is let go once round g+1 has completed.
+// is let go once round g+1 has completed (the last ones by drop_objects(),
+// when the run ends).
 //
 // Waiting never hangs silently: a member that has finished its replica
 // function can never arrive, which fails the round at once
@@ -110,6 +111,9 @@ class LocalGroup {
   void mark_done(int member) noexcept;
   // Clears failure and progress; only when no member is inside arrive().
   void reset();
+  // Lets go of the objects that entries still hold (the last merge_fn's
+  // result, say), once every member is done; failure and progress are kept.
+  void drop_objects();
 
   // The member whose failure or timeout aborted the group, or -1.
   int abort_origin() const;
