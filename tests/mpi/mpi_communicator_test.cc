@@ -861,5 +861,43 @@ TEST(MpiCommunicatorTest, BlocksAroundWholeNumbersOfPiecesArriveWhole) {
   }
 }
 
+// The real thing, beyond MPI's int counts: a broadcast of 2 GiB + 7 bytes
+// (three messages of the default 1 GiB pieces) and an all-gather of blocks
+// of 1 GiB + 3 bytes. About 5 GB per rank and a minute of first touch, so
+// only with DISTRIBUTE_TEST_BEYOND_INT_MAX=1 (docs/algorithms.md has a run).
+TEST(MpiCommunicatorTest, BlocksBeyondIntMaxBytes) {
+  const char* wanted = std::getenv("DISTRIBUTE_TEST_BEYOND_INT_MAX");
+  if (wanted == nullptr || std::string(wanted) != "1") GTEST_SKIP() << "set DISTRIBUTE_TEST_BEYOND_INT_MAX=1";
+  MpiCommunicator comm;
+  const int n = comm.size();
+  const auto pattern = [](std::size_t i, int salt) {
+    return static_cast<std::uint8_t>((i * 2654435761u) >> 13) ^ static_cast<std::uint8_t>(salt);
+  };
+  {
+    const std::size_t bytes = (std::size_t{2} << 30) + 7;
+    std::vector<std::uint8_t> buf(bytes);
+    if (comm.rank() == 0) {
+      for (std::size_t i = 0; i < bytes; ++i) buf[i] = pattern(i, 1);
+    }
+    comm.broadcast(buf.data(), bytes, DType::kUInt8, 0, call("broadcast", 1, 600));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < bytes; ++i) wrong += buf[i] != pattern(i, 1);
+    EXPECT_EQ(wrong, 0u) << "rank " << comm.rank();
+  }
+  {
+    const std::size_t block = (std::size_t{1} << 30) + 3;
+    std::vector<std::uint8_t> send(block), recv(block * static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < block; ++i) send[i] = pattern(i, 2 + comm.rank());
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(n), block);
+    comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kUInt8, call("all_gather", 2, 600));
+    std::size_t wrong = 0;
+    for (int q = 0; q < n; ++q) {
+      const std::uint8_t* b = recv.data() + static_cast<std::size_t>(q) * block;
+      for (std::size_t i = 0; i < block; ++i) wrong += b[i] != pattern(i, 2 + q);
+    }
+    EXPECT_EQ(wrong, 0u) << "rank " << comm.rank();
+  }
+}
+
 }  // namespace
 }  // namespace distribute::internal
