@@ -475,8 +475,7 @@ void LocalGroup::drop_objects() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& slots : slots_) {
       for (auto& e : slots) {
-        if (e.object != nullptr) objects.push_back(std::move(e.object));
-        e.object.reset();
+        if (e.object) objects.push_back(std::move(e.object));  // leaves it empty
       }
     }
     for (int m = 0; m < size_; ++m) {
