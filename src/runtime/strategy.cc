@@ -243,6 +243,7 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
     : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
       first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
   options_.validate();
+  internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();  // a bad setting fails here
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);

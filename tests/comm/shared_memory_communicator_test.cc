@@ -7,12 +7,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
+#include <string>
 #include <tuple>
+#include <utility>
 
+#include "distribute/errors.h"
 #include "testing/reduce_reference.h"
 #include "testing/threads.h"
 
@@ -35,7 +39,11 @@ using distribute::testing::input_value;
 using distribute::testing::same_bits;
 using distribute::testing::to_dtype;
 
-void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op);
+constexpr std::size_t kNeverStream = SharedMemoryCommunicator::kNeverStream;
+
+// stream_from: where the members' all_reduce starts to stream (1: every
+// message of the bandwidth path).
+void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::size_t stream_from = kNeverStream);
 
 // One test per dtype and op (each a process under ctest); world sizes and
 // count boundaries are looped inside, and a failure names them.
@@ -49,13 +57,16 @@ TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
     // 255/256/257 straddle the 1 KiB latency path for 4-byte types.
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, small, small + 1, std::size_t{255},
                               std::size_t{256}, std::size_t{257}, std::size_t{1000}, std::size_t{65537}}) {
-      SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count));
-      check_all_reduce(n, count, dtype, op);
+      for (std::size_t stream_from : {kNeverStream, std::size_t{1}}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count) +
+                     (stream_from == 1 ? " streaming" : ""));
+        check_all_reduce(n, count, dtype, op, stream_from);
+      }
     }
   }
 }
 
-void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op) {
+void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::size_t stream_from) {
   for (bool in_place : {false, true}) {
     auto group = std::make_shared<LocalGroup>(n);
     std::vector<std::vector<std::byte>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
@@ -70,7 +81,7 @@ void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op) {
       });
     }
     auto errors = run_threads(n, [&](int r) {
-      SharedMemoryCommunicator comm(group, r);
+      SharedMemoryCommunicator comm(group, r, stream_from);
       auto& s = send[static_cast<std::size_t>(r)];
       void* out = in_place ? static_cast<void*>(s.data()) : recv[static_cast<std::size_t>(r)].data();
       comm.all_reduce(s.data(), out, count, dtype, op, call("all_reduce"));
@@ -175,14 +186,45 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ReduceScatterTest,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
-// Messages of many chunks (all_reduce never streams).
+// Messages of many chunks, one byte short of where streaming starts (normal
+// stores) and just there (streaming).
 TEST(AllReduceLargeTest, LargeMessagesMatchReference) {
   const std::tuple<DType, ReduceOp, int> cases[] = {{DType::kFloat32, ReduceOp::kSum, 2},
                                                     {DType::kInt8, ReduceOp::kMean, 3},
                                                     {DType::kFloat16, ReduceOp::kMax, 2}};
   for (const auto& [dtype, op, n] : cases) {
-    SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n));
-    check_all_reduce(n, (std::size_t{8} << 20) / size_of(dtype) + 5, dtype, op);
+    const std::size_t count = (std::size_t{8} << 20) / size_of(dtype) + 5;
+    const std::size_t bytes = count * size_of(dtype);
+    for (std::size_t stream_from : {bytes + 1, bytes}) {
+      SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n) +
+                   " stream_from=" + std::to_string(stream_from));
+      check_all_reduce(n, count, dtype, op, stream_from);
+    }
+  }
+}
+
+// DISTRIBUTE_STREAM_ALL_REDUCE_BYTES: a whole number of bytes, 0 for never;
+// anything else names the variable and the text.
+TEST(AllReduceStreamSettingTest, WholeNumbersOnly) {
+  EXPECT_EQ(SharedMemoryCommunicator::parse_all_reduce_stream_bytes("0"), kNeverStream);
+  EXPECT_EQ(SharedMemoryCommunicator::parse_all_reduce_stream_bytes("1"), 1u);
+  EXPECT_EQ(SharedMemoryCommunicator::parse_all_reduce_stream_bytes("33554432"), std::size_t{32} << 20);
+  for (const char* bad : {"", "12x", "-5", " 5", "+5", "1e6", "99999999999999999999999"}) {
+    SCOPED_TRACE(std::string("'") + bad + "'");
+    try {
+      SharedMemoryCommunicator::parse_all_reduce_stream_bytes(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='") + bad + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // The default: 32 MiB on Intel CPUs, never elsewhere (or the setting, where
+  // the environment has one).
+  if (std::getenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES") == nullptr) {
+    const std::size_t d = SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+    EXPECT_TRUE(d == SharedMemoryCommunicator::kAllReduceStreamBytesIntel || d == kNeverStream) << d;
   }
 }
 
@@ -193,9 +235,9 @@ TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
   for (DType dtype : {DType::kFloat32, DType::kInt8, DType::kBFloat16}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
       for (int n : {1, 2, 3, 7}) {
-        for (bool small : {true, false}) {
+        for (auto [small, streaming] : {std::pair{true, false}, std::pair{false, false}, std::pair{false, true}}) {
           SCOPED_TRACE(std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n=" + std::to_string(n) +
-                       (small ? " small" : " large"));
+                       (small ? " small" : " large") + (streaming ? " streaming" : ""));
           const std::vector<std::size_t> seg_counts = small ? std::vector<std::size_t>{3, 0, 5, 1} : counts;
           const std::size_t esz = size_of(dtype);
           auto group = std::make_shared<LocalGroup>(n);
@@ -215,7 +257,7 @@ TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
             }
           }
           auto errors = run_threads(n, [&](int r) {
-            SharedMemoryCommunicator comm(group, r);
+            SharedMemoryCommunicator comm(group, r, streaming ? 1 : kNeverStream);
             std::vector<Communicator::Segment> segments;
             for (std::size_t s = 0; s < seg_counts.size(); ++s) {
               segments.push_back({send[static_cast<std::size_t>(r)][s].data(), recv[static_cast<std::size_t>(r)][s].data(), seg_counts[s]});

@@ -310,6 +310,13 @@ TEST(FailureTest, BadEnvironmentValueIsAClearError) {
   auto msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0"}); });
   unsetenv("DISTRIBUTE_COLLECTIVE_TIMEOUT");
   EXPECT_NE(msg.find("DISTRIBUTE_COLLECTIVE_TIMEOUT='soon'"), std::string::npos) << msg;
+
+  // Read when a strategy is created, not at its first run.
+  ASSERT_EQ(setenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "32M", 1), 0);
+  msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0", "CPU:1"}); });
+  unsetenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
+  EXPECT_NE(msg.find("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='32M' is not a whole number of bytes"), std::string::npos)
+      << msg;
 }
 
 TEST(FailureTest, ManyFailingRunsInARowLeaveNothingBehind) {

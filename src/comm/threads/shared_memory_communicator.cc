@@ -1,11 +1,16 @@
 #include "comm/threads/shared_memory_communicator.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/reduce_kernels.h"
+#include "distribute/errors.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -65,7 +70,60 @@ void stream_fence() {
   _mm_sfence();
 #endif
 }
+
+// Where a streaming all_reduce reduces a chunk before streaming it to every
+// output: one chunk per thread, allocated on first use.
+std::byte* stream_scratch() {
+  thread_local std::unique_ptr<std::byte[]> scratch;
+  if (!scratch) scratch = std::make_unique<std::byte[]>(SharedMemoryCommunicator::kStreamChunkBytes);
+  return scratch.get();
+}
+
+// One chunk of all_reduce's bandwidth path, reduced from `srcs` (len
+// elements each): into this member's output `own`, then copied from there,
+// still in cache, to every other member's output (`out_of(q)`); or, with a
+// `scratch` buffer (streaming), into it and streamed to every output, this
+// member's too (the caller fences).
+template <class OutOf>
+void reduce_chunk(std::span<const void* const> srcs, std::size_t len, DType dtype, ReduceOp op, std::int64_t divisor,
+                  std::byte* own, std::byte* scratch, int rank, OutOf out_of) {
+  const std::size_t bytes = len * size_of(dtype);
+  reduce_sources(scratch != nullptr ? scratch : own, srcs, len, dtype, op, divisor);
+  for (int q = 0; q < static_cast<int>(srcs.size()); ++q) {
+    if (scratch != nullptr) {
+      stream_copy(out_of(q), scratch, bytes);
+    } else if (q != rank) {
+      std::memcpy(out_of(q), own, bytes);
+    }
+  }
+}
+
+bool intel_cpu() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
 }  // namespace
+
+std::size_t SharedMemoryCommunicator::parse_all_reduce_stream_bytes(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long bytes = std::strtoull(text, &end, 10);
+  if (!(text[0] >= '0' && text[0] <= '9') || *end != '\0' || errno != 0) {
+    throw InvalidArgumentError(std::string("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='") + text +
+                               "' is not a whole number of bytes (0: never stream)");
+  }
+  return bytes == 0 ? kNeverStream : static_cast<std::size_t>(bytes);
+}
+
+std::size_t SharedMemoryCommunicator::default_all_reduce_stream_bytes() {
+  const char* text = std::getenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
+  if (text != nullptr && *text != '\0') return parse_all_reduce_stream_bytes(text);
+  return intel_cpu() ? kAllReduceStreamBytesIntel : kNeverStream;
+}
 
 void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, std::size_t n,
                                                    std::size_t message_bytes) {
@@ -77,8 +135,9 @@ void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, s
   }
 }
 
-SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank)
-    : group_(std::move(group)), rank_(rank) {}
+SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
+                                                   std::size_t all_reduce_stream_bytes)
+    : group_(std::move(group)), rank_(rank), all_reduce_stream_bytes_(all_reduce_stream_bytes) {}
 
 std::vector<std::string> SharedMemoryCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   const auto& entries =
@@ -125,7 +184,8 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   const auto& entries = group_->arrive(rank_, {.send = send, .recv = recv, .tag = call.signature_tag}, call);
   const std::size_t begin = count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
   const std::size_t end = count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
-  const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
+  std::byte* scratch = n > 1 && bytes >= all_reduce_stream_bytes_ ? stream_scratch() : nullptr;
+  const std::size_t chunk = std::max<std::size_t>(1, (scratch != nullptr ? kStreamChunkBytes : kChunkBytes) / esz);
   for (std::size_t at = begin; at < end; at += chunk) {
     const std::size_t len = std::min(chunk, end - at);
     for (int q = 0; q < n; ++q) {
@@ -134,13 +194,12 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
     auto* out = static_cast<std::byte*>(recv) + at * esz;
     if (n == 1 && !(op == ReduceOp::kMean && divisor > 1)) {
       if (out != srcs[0]) std::memcpy(out, srcs[0], len * esz);
-    } else {
-      reduce_sources(out, {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
+      continue;
     }
-    for (int q = 0; q < n; ++q) {
-      if (q != rank_) std::memcpy(static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv) + at * esz, out, len * esz);
-    }
+    reduce_chunk({srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor, out, scratch, rank_,
+                 [&](int q) { return static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv) + at * esz; });
   }
+  if (scratch != nullptr) stream_fence();
   if (n > 1) group_->release(rank_, call);  // nobody leaves while others still use its buffers
 }
 
@@ -163,7 +222,8 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
   // Member r owns elements [begin, end) of the concatenation, walked segment by segment.
   const std::size_t begin = total * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
   const std::size_t end = total * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
-  const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
+  std::byte* scratch = total * esz >= all_reduce_stream_bytes_ ? stream_scratch() : nullptr;
+  const std::size_t chunk = std::max<std::size_t>(1, (scratch != nullptr ? kStreamChunkBytes : kChunkBytes) / esz);
   std::size_t seg_start = 0;
   for (std::size_t s = 0; s < segments.size() && seg_start < end; seg_start += segments[s].count, ++s) {
     const std::size_t lo = std::max(begin, seg_start);
@@ -172,13 +232,12 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
       const std::size_t len = std::min(chunk, hi - at);
       const std::size_t off = (at - seg_start) * esz;
       for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
-      auto* out = static_cast<std::byte*>(segments[s].recv) + off;
-      reduce_sources(out, {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
-      for (int q = 0; q < n; ++q) {
-        if (q != rank_) std::memcpy(static_cast<std::byte*>(table(q)[s].recv) + off, out, len * esz);
-      }
+      reduce_chunk({srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor,
+                   static_cast<std::byte*>(segments[s].recv) + off, scratch, rank_,
+                   [&](int q) { return static_cast<std::byte*>(table(q)[s].recv) + off; });
     }
   }
+  if (scratch != nullptr) stream_fence();
   group_->release(rank_, call);  // nobody leaves while others still use its buffers
 }
 

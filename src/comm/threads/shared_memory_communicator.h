@@ -15,7 +15,8 @@
 // chunk, still in cache, into every other member's output; a second round
 // keeps every buffer alive until all members are done with it. Each element
 // is computed once, by one member, so all members receive the same bits.
-// All with normal stores, at every size (kStreamBytes says why).
+// From default_all_reduce_stream_bytes() up, each chunk is reduced into a buffer of
+// the thread's instead and written to every output with streaming stores.
 #pragma once
 
 #include <memory>
@@ -29,6 +30,9 @@ class SharedMemoryCommunicator final : public Communicator {
  public:
   // Elements of one chunk of the large all_reduce path, in bytes.
   static constexpr std::size_t kChunkBytes = 64 * 1024;
+  // The chunk when all_reduce streams: reduced into a buffer that stays in L1
+  // (16 KiB was 1.1 to 1.2x faster than 64 KiB at 128 MiB, no slower at 256).
+  static constexpr std::size_t kStreamChunkBytes = 16 * 1024;
   // From this message size up (all_gather's output, broadcast's buffer), the
   // copies of all_gather and broadcast use non-temporal stores: the data no
   // longer fits in cache, and streaming stores skip the read for ownership of
@@ -37,18 +41,37 @@ class SharedMemoryCommunicator final : public Communicator {
   // normal stores are 1.1 to 2.4x faster at 8 and 16 MiB for all_gather and
   // 1.7 to 3.4x for broadcast (the cache holds the data); streaming is 1.1
   // to 1.4x faster from 24 MiB for all_gather, 1.1 to 1.5x from 32 MiB for
-  // broadcast (24 to 28 MiB went either way). all_reduce does not stream:
-  // its reduced chunk, still in cache, is copied to the other outputs with
-  // normal stores; streaming measured 1.3 to 2x slower there from 4 to
-  // 256 MiB.
+  // broadcast (24 to 28 MiB went either way). all_reduce has its own
+  // threshold (default_all_reduce_stream_bytes).
   static constexpr std::size_t kStreamBytes = 24 << 20;
+
+  // The all_reduce size (each member's message, in bytes) from which the
+  // bandwidth path writes its results with streaming stores: each chunk is
+  // reduced into a buffer of the thread's and streamed to every output, so
+  // no output line is read for ownership. The default depends on the CPU,
+  // as measured (docs/benchmarks.md, "Streaming all_reduce on Intel"): on
+  // Intel, 32 MiB (streaming was 1.1 to 1.6x faster from 64 MiB with 2 and 4
+  // replicas, as fast at 24 to 32 MiB, up to 1.1x slower at 16 MiB);
+  // elsewhere never (on the AMD EPYC machines it was 1.3 to 2.3x slower from
+  // 4 to 256 MiB). DISTRIBUTE_STREAM_ALL_REDUCE_BYTES overrides it (0:
+  // never), read by every call (a strategy reads it when created, its
+  // communicators when made); a value that is not a whole number of bytes
+  // is an InvalidArgumentError.
+  static constexpr std::size_t kAllReduceStreamBytesIntel = 32 << 20;
+  static constexpr std::size_t kNeverStream = ~std::size_t{0};
+  static std::size_t default_all_reduce_stream_bytes();
+  // The setting's text as default_all_reduce_stream_bytes reads it (for tests).
+  static std::size_t parse_all_reduce_stream_bytes(const char* text);
 
   // Copies n bytes of a broadcast of `message_bytes` as the engine's
   // broadcast does (streaming, then fenced, from kStreamBytes): for the
   // copies other layers share among the replicas (broadcast_to in a merge_fn).
   static void copy_broadcast_part(void* dst, const void* src, std::size_t n, std::size_t message_bytes);
 
-  SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank);
+  // `all_reduce_stream_bytes`: where this member's all_reduce starts to
+  // stream (tests set it; the runtime takes the default).
+  SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
+                           std::size_t all_reduce_stream_bytes = default_all_reduce_stream_bytes());
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -73,6 +96,7 @@ class SharedMemoryCommunicator final : public Communicator {
  private:
   std::shared_ptr<LocalGroup> group_;
   int rank_;
+  std::size_t all_reduce_stream_bytes_;
 };
 
 }  // namespace distribute::internal
