@@ -20,7 +20,7 @@ namespace {
 // A one-member group and communicator behind each thread's default replica context.
 struct DefaultReplica {
   std::shared_ptr<LocalGroup> group = std::make_shared<LocalGroup>(1);
-  SharedMemoryCommunicator comm{group, 0};
+  SharedMemoryCommunicator comm{group, 0, SharedMemoryCommunicator::kNeverStream};  // one member copies nothing
   ReplicaChannel channel;
   ReplicaContext context;
   DefaultReplica() : context(default_strategy(), 0, 0, &channel) {

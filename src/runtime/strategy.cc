@@ -47,6 +47,8 @@ struct StrategyState {
   std::mutex resources_mutex;
   std::vector<std::unique_ptr<RunResources>> by_depth;
   double stall_warning_seconds = 0;
+  // Where the in-process all_reduce streams (read once, when the strategy is made).
+  std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::kNeverStream;
   // Multi-worker strategies: one member per worker process, and the state of
   // the cross-replica collectives this worker issues through it.
   Communicator* workers = nullptr;
@@ -63,9 +65,10 @@ struct StrategyState {
       res->channels.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r) {
         if (workers != nullptr) {
-          res->comms.push_back(std::make_unique<HierarchicalCommunicator>(res->local, r, workers));
+          res->comms.push_back(
+              std::make_unique<HierarchicalCommunicator>(res->local, r, workers, all_reduce_stream_bytes));
         } else {
-          res->comms.push_back(std::make_unique<SharedMemoryCommunicator>(res->local, r));
+          res->comms.push_back(std::make_unique<SharedMemoryCommunicator>(res->local, r, all_reduce_stream_bytes));
         }
         ReplicaChannel& ch = res->channels[static_cast<std::size_t>(r)];
         ch.comm = res->comms.back().get();
@@ -243,13 +246,14 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
     : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
       first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
   options_.validate();
-  internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();  // a bad setting fails here
+  const std::size_t stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);
   }
   state_ = std::make_unique<internal::StrategyState>(num_local_replicas());
   state_->stall_warning_seconds = internal::env_seconds("DISTRIBUTE_STALL_WARNING_SECONDS");
+  state_->all_reduce_stream_bytes = stream_bytes;
 }
 
 Strategy::~Strategy() = default;

@@ -58,6 +58,8 @@ TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, small, small + 1, std::size_t{255},
                               std::size_t{256}, std::size_t{257}, std::size_t{1000}, std::size_t{65537}}) {
       for (std::size_t stream_from : {kNeverStream, std::size_t{1}}) {
+        // Up to 1 KiB (the latency path) nothing streams: run it once.
+        if (stream_from == 1 && count * size_of(dtype) <= 1024) continue;
         SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count) +
                      (stream_from == 1 ? " streaming" : ""));
         check_all_reduce(n, count, dtype, op, stream_from);
@@ -71,9 +73,11 @@ void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::s
     auto group = std::make_shared<LocalGroup>(n);
     std::vector<std::vector<std::byte>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
     const std::size_t esz = size_of(dtype);
+    // One guard byte after every buffer: nothing may write past the count.
+    constexpr std::byte kGuard{0xa5};
     for (int r = 0; r < n; ++r) {
-      send[static_cast<std::size_t>(r)].resize(count * esz + 1);
-      recv[static_cast<std::size_t>(r)].resize(count * esz + 1);
+      send[static_cast<std::size_t>(r)].resize(count * esz + 1, kGuard);
+      recv[static_cast<std::size_t>(r)].resize(count * esz + 1, kGuard);
       visit_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
         auto* p = reinterpret_cast<T*>(send[static_cast<std::size_t>(r)].data());
@@ -87,6 +91,10 @@ void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::s
       comm.all_reduce(s.data(), out, count, dtype, op, call("all_reduce"));
     });
     for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(send[static_cast<std::size_t>(r)].back(), kGuard) << "rank " << r << " wrote past its input";
+      ASSERT_EQ(recv[static_cast<std::size_t>(r)].back(), kGuard) << "rank " << r << " wrote past its output";
+    }
     visit_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
       for (int r = 0; r < n; ++r) {
@@ -201,6 +209,17 @@ TEST(AllReduceLargeTest, LargeMessagesMatchReference) {
       check_all_reduce(n, count, dtype, op, stream_from);
     }
   }
+}
+
+// A member streams from its threshold on, and never alone.
+TEST(AllReduceStreamSettingTest, StreamsFromTheThresholdOn) {
+  auto pair = std::make_shared<LocalGroup>(2);
+  SharedMemoryCommunicator comm(pair, 0, 4096);
+  EXPECT_FALSE(comm.streams(4095));
+  EXPECT_TRUE(comm.streams(4096));
+  EXPECT_FALSE(SharedMemoryCommunicator(pair, 1, kNeverStream).streams(std::size_t{1} << 40));
+  SharedMemoryCommunicator alone(std::make_shared<LocalGroup>(1), 0, 1);
+  EXPECT_FALSE(alone.streams(std::size_t{1} << 20));
 }
 
 // DISTRIBUTE_STREAM_ALL_REDUCE_BYTES: a whole number of bytes, 0 for never;

@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <tuple>
+#include <vector>
 
+#include "comm/threads/shared_memory_communicator.h"
 #include "runtime/packing.h"
 #include "runtime/replica_channel.h"
 #include "runtime/runtime_util.h"
@@ -82,6 +86,40 @@ INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceDTypeOpTest,
                            return std::string(to_string(std::get<0>(p.param))) + "_" +
                                   std::string(to_string(std::get<1>(p.param)));
                          });
+
+// DISTRIBUTE_STREAM_ALL_REDUCE_BYTES as the strategy found it when made
+// (changing it later changes nothing): here 1, so every all_reduce above
+// 1 KiB streams, one Tensor and a packed list alike.
+TEST(AllReduceTest, StreamingAsSetWhenTheStrategyWasMade) {
+  ASSERT_EQ(setenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "1", 1), 0);
+  auto s = testing::mirrored(3);
+  ASSERT_EQ(setenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "0", 1), 0);
+  auto r = s->run([&](ReplicaContext& ctx) -> std::vector<Tensor> {
+    const int id = ctx.replica_id_in_sync_group();
+    const auto* comm = dynamic_cast<const internal::SharedMemoryCommunicator*>(ctx.channel().comm);
+    if (comm == nullptr || !comm->streams(2000)) throw std::runtime_error("this all_reduce would not stream");
+    std::vector<Tensor> out = {ctx.all_reduce(ReduceOp::kSum, input(DType::kFloat32, id, 5003))};
+    for (const Tensor& t : ctx.all_reduce(ReduceOp::kMax, std::vector<Tensor>{input(DType::kInt32, id, 3001),
+                                                                              input(DType::kInt32, id, 7)})) {
+      out.push_back(t);
+    }
+    return out;
+  });
+  unsetenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
+  for (int k = 0; k < 3; ++k) {
+    const auto& out = r[static_cast<std::size_t>(k)];
+    ASSERT_EQ(out.size(), 3u);
+    for (std::int64_t i = 0; i < 5003; ++i) {
+      ASSERT_EQ(out[0].element_as_double(i), expected(DType::kFloat32, ReduceOp::kSum, 3, i)) << "replica " << k;
+    }
+    for (std::int64_t i = 0; i < 3001; ++i) {
+      ASSERT_EQ(out[1].element_as_double(i), expected(DType::kInt32, ReduceOp::kMax, 3, i)) << "replica " << k;
+    }
+    for (std::int64_t i = 0; i < 7; ++i) {
+      ASSERT_EQ(out[2].element_as_double(i), expected(DType::kInt32, ReduceOp::kMax, 3, i)) << "replica " << k;
+    }
+  }
+}
 
 // The one-Tensor overload hashes its signature in place (a fast path). Its
 // tag must be the nest overload's for the same one-leaf value, so replicas

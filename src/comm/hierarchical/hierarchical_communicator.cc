@@ -33,9 +33,9 @@ std::vector<std::string> decode_payload_list(std::string_view bytes) {
 }
 
 HierarchicalCommunicator::HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id,
-                                                   Communicator* workers)
+                                                   Communicator* workers, std::size_t all_reduce_stream_bytes)
     : local_(std::move(local)), local_id_(local_id), local_size_(local_->size()), workers_(workers),
-      local_comm_(local_, local_id) {}
+      local_comm_(local_, local_id, all_reduce_stream_bytes) {}
 
 void HierarchicalCommunicator::pass_on_local_mismatch(const CollectiveCall& call) {
   if (leader()) {

@@ -40,8 +40,10 @@ namespace distribute::internal {
 class HierarchicalCommunicator final : public Communicator {
  public:
   // `workers` is shared by the local replicas and used by local member 0 only;
-  // it must outlive this communicator.
-  HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id, Communicator* workers);
+  // it must outlive this communicator. `all_reduce_stream_bytes`: for the
+  // local all_reduce (SharedMemoryCommunicator's).
+  HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id, Communicator* workers,
+                           std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes());
 
   int rank() const override { return workers_->rank() * local_size_ + local_id_; }
   int size() const override { return workers_->size() * local_size_; }

@@ -14,6 +14,7 @@
 
 #include "core/reduce_kernels.h"
 #include "core/storage.h"
+#include "core/whole_number.h"
 
 namespace distribute::internal {
 namespace {
@@ -61,12 +62,9 @@ void finalize_at_exit() {
 // DISTRIBUTE_MPI_MAX_MESSAGE_BYTES as a piece size, or 0 if it is not a
 // whole number of bytes from kMinMessageBytes to kMaxMessageBytes.
 int parse_message_bytes(const char* text) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long bytes = std::strtoull(text, &end, 10);
-  const bool whole = text[0] >= '0' && text[0] <= '9' && *end == '\0' && errno == 0;
-  return whole && bytes >= MpiCommunicator::kMinMessageBytes && bytes <= MpiCommunicator::kMaxMessageBytes
-             ? static_cast<int>(bytes)
+  const std::optional<std::size_t> bytes = parse_whole_number(text);
+  return bytes && *bytes >= MpiCommunicator::kMinMessageBytes && *bytes <= MpiCommunicator::kMaxMessageBytes
+             ? static_cast<int>(*bytes)
              : 0;
 }
 

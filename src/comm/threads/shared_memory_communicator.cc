@@ -1,15 +1,16 @@
 #include "comm/threads/shared_memory_communicator.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/reduce_kernels.h"
+#include "core/whole_number.h"
 #include "distribute/errors.h"
 
 #if defined(__SSE2__)
@@ -98,10 +99,20 @@ void reduce_chunk(std::span<const void* const> srcs, std::size_t len, DType dtyp
   }
 }
 
+// Elements per chunk of the bandwidth path, streaming (from `scratch`) or not.
+std::size_t chunk_elements(const std::byte* scratch, std::size_t esz) {
+  return std::max<std::size_t>(
+      1, (scratch != nullptr ? SharedMemoryCommunicator::kStreamChunkBytes : SharedMemoryCommunicator::kChunkBytes) /
+             esz);
+}
+
 bool intel_cpu() {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel");
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
 #else
   return false;
 #endif
@@ -109,14 +120,12 @@ bool intel_cpu() {
 }  // namespace
 
 std::size_t SharedMemoryCommunicator::parse_all_reduce_stream_bytes(const char* text) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long bytes = std::strtoull(text, &end, 10);
-  if (!(text[0] >= '0' && text[0] <= '9') || *end != '\0' || errno != 0) {
+  const std::optional<std::size_t> bytes = parse_whole_number(text);
+  if (!bytes) {
     throw InvalidArgumentError(std::string("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='") + text +
                                "' is not a whole number of bytes (0: never stream)");
   }
-  return bytes == 0 ? kNeverStream : static_cast<std::size_t>(bytes);
+  return *bytes == 0 ? kNeverStream : *bytes;
 }
 
 std::size_t SharedMemoryCommunicator::default_all_reduce_stream_bytes() {
@@ -180,12 +189,14 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
     return;
   }
 
-  // Bandwidth path: each member owns one slice, reduced chunk by chunk.
+  // Bandwidth path: each member owns one slice, reduced chunk by chunk. The
+  // scratch buffer comes first: nothing may throw between the data round
+  // and the release round.
+  std::byte* scratch = streams(bytes) ? stream_scratch() : nullptr;
+  const std::size_t chunk = chunk_elements(scratch, esz);
   const auto& entries = group_->arrive(rank_, {.send = send, .recv = recv, .tag = call.signature_tag}, call);
   const std::size_t begin = count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
   const std::size_t end = count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
-  std::byte* scratch = n > 1 && bytes >= all_reduce_stream_bytes_ ? stream_scratch() : nullptr;
-  const std::size_t chunk = std::max<std::size_t>(1, (scratch != nullptr ? kStreamChunkBytes : kChunkBytes) / esz);
   for (std::size_t at = begin; at < end; at += chunk) {
     const std::size_t len = std::min(chunk, end - at);
     for (int q = 0; q < n; ++q) {
@@ -214,16 +225,16 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
     return;
   }
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
+  SourceList source_list(n);  // allocations before the data round, as all_reduce's
+  const void** srcs = source_list.data();
+  std::byte* scratch = streams(total * esz) ? stream_scratch() : nullptr;
+  const std::size_t chunk = chunk_elements(scratch, esz);
   // Every member publishes its segment table; all tables have the same counts.
   const auto& entries = group_->arrive(rank_, {.send = segments.data(), .tag = call.signature_tag}, call);
-  SourceList source_list(n);
-  const void** srcs = source_list.data();
   auto table = [&](int q) { return static_cast<const Segment*>(entries[static_cast<std::size_t>(q)].send); };
   // Member r owns elements [begin, end) of the concatenation, walked segment by segment.
   const std::size_t begin = total * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
   const std::size_t end = total * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
-  std::byte* scratch = total * esz >= all_reduce_stream_bytes_ ? stream_scratch() : nullptr;
-  const std::size_t chunk = std::max<std::size_t>(1, (scratch != nullptr ? kStreamChunkBytes : kChunkBytes) / esz);
   std::size_t seg_start = 0;
   for (std::size_t s = 0; s < segments.size() && seg_start < end; seg_start += segments[s].count, ++s) {
     const std::size_t lo = std::max(begin, seg_start);

@@ -50,8 +50,9 @@ class SharedMemoryCommunicator final : public Communicator {
   // reduced into a buffer of the thread's and streamed to every output, so
   // no output line is read for ownership. The default depends on the CPU,
   // as measured (docs/benchmarks.md, "Streaming all_reduce on Intel"): on
-  // Intel, 32 MiB (streaming was 1.1 to 1.6x faster from 64 MiB with 2 and 4
-  // replicas, as fast at 24 to 32 MiB, up to 1.1x slower at 16 MiB);
+  // Intel, 32 MiB (streaming was 1.1 to 1.65x faster at 64 to 256 MiB in 12
+  // of 13 pairs of runs with 2 and 4 replicas, faster at 24 to 32 MiB in
+  // most, up to 1.1x slower at 16 MiB);
   // elsewhere never (on the AMD EPYC machines it was 1.3 to 2.3x slower from
   // 4 to 256 MiB). DISTRIBUTE_STREAM_ALL_REDUCE_BYTES overrides it (0:
   // never), read by every call (a strategy reads it when created, its
@@ -72,6 +73,9 @@ class SharedMemoryCommunicator final : public Communicator {
   // stream (tests set it; the runtime takes the default).
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
                            std::size_t all_reduce_stream_bytes = default_all_reduce_stream_bytes());
+
+  // Whether this member's all_reduce of `bytes` (bandwidth path) streams.
+  bool streams(std::size_t bytes) const { return size() > 1 && bytes >= all_reduce_stream_bytes_; }
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
