@@ -10,6 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/whole_number.h"
+
 namespace distribute::internal {
 namespace {
 
@@ -44,14 +46,10 @@ static_assert([] {
 void* system_allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{kStorageAlignment}); }
 void system_free(void* p) { ::operator delete(p, std::align_val_t{kStorageAlignment}); }
 
+// A setting that is not a whole number leaves the default here (the first
+// allocation is no place to throw); creating a strategy reports it.
 std::size_t cache_limit_from_env() {
-  const char* text = std::getenv("DISTRIBUTE_STORAGE_CACHE_BYTES");
-  if (text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(text, &end, 10);
-    if (end != text && *end == '\0') return static_cast<std::size_t>(v);
-  }
-  return std::size_t{2} << 30;  // 2 GiB
+  return parse_whole_number(std::getenv("DISTRIBUTE_STORAGE_CACHE_BYTES")).value_or(std::size_t{2} << 30);  // 2 GiB
 }
 
 class StorageCache {

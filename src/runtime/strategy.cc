@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <typeinfo>
 
@@ -14,6 +15,7 @@
 #include "core/axis_reduce.h"
 #include "core/reduce_kernels.h"
 #include "core/storage.h"
+#include "core/whole_number.h"
 #include "distribute/mirrored_strategy.h"
 #include "runtime/mode.h"
 #include "runtime/packing.h"
@@ -247,6 +249,11 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
       first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
   options_.validate();
   const std::size_t stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+  // Read elsewhere (each LocalGroup, the process's storage cache), checked
+  // here so that a bad setting fails the strategy's creation.
+  internal::env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds",
+                             std::numeric_limits<int>::max());
+  internal::env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <string>
@@ -222,29 +223,36 @@ TEST(AllReduceStreamSettingTest, StreamsFromTheThresholdOn) {
   EXPECT_FALSE(alone.streams(std::size_t{1} << 20));
 }
 
-// DISTRIBUTE_STREAM_ALL_REDUCE_BYTES: a whole number of bytes, 0 for never;
-// anything else names the variable and the text.
-TEST(AllReduceStreamSettingTest, WholeNumbersOnly) {
-  EXPECT_EQ(SharedMemoryCommunicator::parse_all_reduce_stream_bytes("0"), kNeverStream);
-  EXPECT_EQ(SharedMemoryCommunicator::parse_all_reduce_stream_bytes("1"), 1u);
-  EXPECT_EQ(SharedMemoryCommunicator::parse_all_reduce_stream_bytes("33554432"), std::size_t{32} << 20);
-  for (const char* bad : {"", "12x", "-5", " 5", "+5", "1e6", "99999999999999999999999"}) {
+// DISTRIBUTE_STREAM_ALL_REDUCE_BYTES: a whole number of bytes, 0 for never,
+// unset or empty for the CPU's default (32 MiB on Intel CPUs, never
+// elsewhere); anything else names the setting and its text.
+TEST(AllReduceStreamSettingTest, ReadsTheSetting) {
+  const char* kName = "DISTRIBUTE_STREAM_ALL_REDUCE_BYTES";
+  std::optional<std::string> saved;
+  if (const char* old = std::getenv(kName)) saved = old;
+  const auto value_with = [&](const char* text) {
+    text ? ::setenv(kName, text, 1) : ::unsetenv(kName);
+    return SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+  };
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
+    const std::size_t d = value_with(unset);
+    EXPECT_TRUE(d == SharedMemoryCommunicator::kAllReduceStreamBytesIntel || d == kNeverStream) << d;
+  }
+  EXPECT_EQ(value_with("0"), kNeverStream);
+  EXPECT_EQ(value_with("1"), 1u);
+  EXPECT_EQ(value_with("33554432"), std::size_t{32} << 20);
+  for (const char* bad : {"12x", "-5", " 5", "32M", "99999999999999999999999"}) {
     SCOPED_TRACE(std::string("'") + bad + "'");
     try {
-      SharedMemoryCommunicator::parse_all_reduce_stream_bytes(bad);
+      value_with(bad);
       ADD_FAILURE() << "accepted";
     } catch (const InvalidArgumentError& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='") + bad + "'"),
+      EXPECT_NE(std::string(e.what()).find(std::string(kName) + "='" + bad + "' is not a whole number of bytes"),
                 std::string::npos)
           << e.what();
     }
   }
-  // The default: 32 MiB on Intel CPUs, never elsewhere (or the setting, where
-  // the environment has one).
-  if (std::getenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES") == nullptr) {
-    const std::size_t d = SharedMemoryCommunicator::default_all_reduce_stream_bytes();
-    EXPECT_TRUE(d == SharedMemoryCommunicator::kAllReduceStreamBytesIntel || d == kNeverStream) << d;
-  }
+  saved ? static_cast<void>(::setenv(kName, saved->c_str(), 1)) : static_cast<void>(::unsetenv(kName));
 }
 
 // A pack of many values reduced in place of the values: segment counts cross

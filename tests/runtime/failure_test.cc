@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "testing/strategies.h"
 
@@ -317,6 +319,18 @@ TEST(FailureTest, BadEnvironmentValueIsAClearError) {
   unsetenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
   EXPECT_NE(msg.find("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='32M' is not a whole number of bytes"), std::string::npos)
       << msg;
+
+  // Settings read later (the spin, when the replicas' group is made; the
+  // storage cache's limit, at the process's first allocation) are checked
+  // when a strategy is created too.
+  for (const auto& [name, text] : {std::pair{"DISTRIBUTE_SPIN_MICROSECONDS", "1e3"},
+                                   std::pair{"DISTRIBUTE_SPIN_MICROSECONDS", "99999999999"},
+                                   std::pair{"DISTRIBUTE_STORAGE_CACHE_BYTES", "2G"}}) {
+    ASSERT_EQ(setenv(name, text, 1), 0);
+    msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0", "CPU:1"}); });
+    unsetenv(name);
+    EXPECT_NE(msg.find(std::string(name) + "='" + text + "' is not a whole number of"), std::string::npos) << msg;
+  }
 }
 
 TEST(FailureTest, ManyFailingRunsInARowLeaveNothingBehind) {

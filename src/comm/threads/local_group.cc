@@ -5,8 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
+
+#include "core/whole_number.h"
 
 namespace distribute::internal {
 namespace {
@@ -32,10 +36,13 @@ std::string op_label(std::string_view op, std::uint64_t sequence) {
 // p50 3 us, p90 58 us, max 254 us); a spin shorter than that lets two
 // replicas fall into a convoy where each wait ends in a slow wake-up. 1 ms of
 // spinning outlasts the slowest wake-up, and only inside a collective.
-// DISTRIBUTE_SPIN_MICROSECONDS overrides the time.
+// DISTRIBUTE_SPIN_MICROSECONDS overrides the time. A setting that is not a
+// whole number leaves the default here (a thread's default context makes a
+// group where nothing may throw); creating a strategy reports it.
 int spin_microseconds() {
-  if (const char* text = std::getenv("DISTRIBUTE_SPIN_MICROSECONDS"); text && *text) return std::atoi(text);
-  return 1000;
+  return static_cast<int>(parse_whole_number(std::getenv("DISTRIBUTE_SPIN_MICROSECONDS"),
+                                             static_cast<std::size_t>(std::numeric_limits<int>::max()))
+                              .value_or(1000));
 }
 
 // With more members than cores a spinner would steal the core of the member

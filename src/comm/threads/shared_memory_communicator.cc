@@ -119,19 +119,11 @@ bool intel_cpu() {
 }
 }  // namespace
 
-std::size_t SharedMemoryCommunicator::parse_all_reduce_stream_bytes(const char* text) {
-  const std::optional<std::size_t> bytes = parse_whole_number(text);
-  if (!bytes) {
-    throw InvalidArgumentError(std::string("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='") + text +
-                               "' is not a whole number of bytes (0: never stream)");
-  }
-  return *bytes == 0 ? kNeverStream : *bytes;
-}
-
 std::size_t SharedMemoryCommunicator::default_all_reduce_stream_bytes() {
-  const char* text = std::getenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
-  if (text != nullptr && *text != '\0') return parse_all_reduce_stream_bytes(text);
-  return intel_cpu() ? kAllReduceStreamBytesIntel : kNeverStream;
+  const std::optional<std::size_t> bytes =
+      env_whole_number("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "a whole number of bytes (0: never stream)");
+  if (!bytes) return intel_cpu() ? kAllReduceStreamBytesIntel : kNeverStream;
+  return *bytes == 0 ? kNeverStream : *bytes;
 }
 
 void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, std::size_t n,

@@ -61,8 +61,6 @@ class SharedMemoryCommunicator final : public Communicator {
   static constexpr std::size_t kAllReduceStreamBytesIntel = 32 << 20;
   static constexpr std::size_t kNeverStream = ~std::size_t{0};
   static std::size_t default_all_reduce_stream_bytes();
-  // The setting's text as default_all_reduce_stream_bytes reads it (for tests).
-  static std::size_t parse_all_reduce_stream_bytes(const char* text);
 
   // Copies n bytes of a broadcast of `message_bytes` as the engine's
   // broadcast does (streaming, then fenced, from kStreamBytes): for the
