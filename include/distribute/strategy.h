@@ -248,8 +248,13 @@ class Strategy {
   void run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api);
 
  protected:
+  // `checks_settings`: whether creating it checks the environment's settings
+  // of the engine (DISTRIBUTE_SPIN_MICROSECONDS, ..._STREAM_ALL_REDUCE_BYTES,
+  // ..._STORAGE_CACHE_BYTES; README). The default strategy, made on first use
+  // by whatever asks for the current strategy, does not: its one replica uses
+  // none of them, and a bad setting is reported by the strategy that does.
   Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
-           CommunicationOptions options);
+           CommunicationOptions options, bool checks_settings = true);
 
   // Multi-worker strategies, from their constructor: `workers` has one member
   // per worker process (this process is member workers->rank()); every

@@ -140,7 +140,7 @@ std::vector<std::string> all_cpus() {
 }
 }  // namespace
 
-DefaultStrategy::DefaultStrategy() : Strategy({std::string(kHostDevice)}, 1, 0, {}) {}
+DefaultStrategy::DefaultStrategy() : Strategy({std::string(kHostDevice)}, 1, 0, {}, /*checks_settings=*/false) {}
 
 Strategy& default_strategy() {
   static DefaultStrategy* instance = new DefaultStrategy();  // never destroyed: threads may use it at exit

@@ -244,16 +244,19 @@ std::vector<std::string> exchange_across_workers(Strategy& s, std::string payloa
 // ---- Strategy -------------------------------------------------------------------
 
 Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
-                   CommunicationOptions options)
+                   CommunicationOptions options, bool checks_settings)
     : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
       first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
   options_.validate();
-  const std::size_t stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
-  // Read elsewhere (each LocalGroup, the process's storage cache), checked
-  // here so that a bad setting fails the strategy's creation.
-  internal::env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds",
-                             std::numeric_limits<int>::max());
-  internal::env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
+  std::size_t stream_bytes = internal::SharedMemoryCommunicator::kNeverStream;
+  if (checks_settings) {
+    stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+    // Read elsewhere (each LocalGroup, the process's storage cache), checked
+    // here so that a bad setting fails the strategy's creation.
+    internal::env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds",
+                               std::numeric_limits<int>::max());
+    internal::env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
+  }
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);

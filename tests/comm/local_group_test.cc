@@ -6,12 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <string>
 #include <chrono>
 #include <memory>
 #include <thread>
 
+#include "testing/scoped_env.h"
 #include "testing/threads.h"
 
 namespace distribute::internal {
@@ -87,20 +87,9 @@ std::vector<std::exception_ptr> abort_while_two_wait(LocalGroup& group, const st
 }
 
 // Sets DISTRIBUTE_SPIN_MICROSECONDS (read when a LocalGroup is made) for
-// its lifetime, and puts back what was there, however the test leaves.
-class ScopedSpin {
- public:
-  explicit ScopedSpin(const char* value) {
-    if (const char* old = std::getenv(kName)) old_ = old;
-    ::setenv(kName, value, 1);
-  }
-  ScopedSpin(const ScopedSpin&) = delete;
-  ScopedSpin& operator=(const ScopedSpin&) = delete;
-  ~ScopedSpin() { old_ ? static_cast<void>(::setenv(kName, old_->c_str(), 1)) : static_cast<void>(::unsetenv(kName)); }
-
- private:
-  static constexpr const char* kName = "DISTRIBUTE_SPIN_MICROSECONDS";
-  std::optional<std::string> old_;
+// its lifetime.
+struct ScopedSpin : distribute::testing::ScopedEnv {
+  explicit ScopedSpin(const char* value) : ScopedEnv("DISTRIBUTE_SPIN_MICROSECONDS", value) {}
 };
 
 // A small round's bytes, as a number.

@@ -19,6 +19,7 @@
 
 #include "distribute/errors.h"
 #include "testing/reduce_reference.h"
+#include "testing/scoped_env.h"
 #include "testing/threads.h"
 
 namespace distribute::internal {
@@ -60,7 +61,7 @@ TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
                               std::size_t{256}, std::size_t{257}, std::size_t{1000}, std::size_t{65537}}) {
       for (std::size_t stream_from : {kNeverStream, std::size_t{1}}) {
         // Up to 1 KiB (the latency path) nothing streams: run it once.
-        if (stream_from == 1 && count * size_of(dtype) <= 1024) continue;
+        if (stream_from == 1 && count * size_of(dtype) <= SharedMemoryCommunicator::kLatencyPathBytes) continue;
         SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count) +
                      (stream_from == 1 ? " streaming" : ""));
         check_all_reduce(n, count, dtype, op, stream_from);
@@ -228,10 +229,9 @@ TEST(AllReduceStreamSettingTest, StreamsFromTheThresholdOn) {
 // elsewhere); anything else names the setting and its text.
 TEST(AllReduceStreamSettingTest, ReadsTheSetting) {
   const char* kName = "DISTRIBUTE_STREAM_ALL_REDUCE_BYTES";
-  std::optional<std::string> saved;
-  if (const char* old = std::getenv(kName)) saved = old;
+  const distribute::testing::ScopedEnv env(kName, nullptr);
   const auto value_with = [&](const char* text) {
-    text ? ::setenv(kName, text, 1) : ::unsetenv(kName);
+    env.set(text);
     return SharedMemoryCommunicator::default_all_reduce_stream_bytes();
   };
   for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
@@ -252,7 +252,6 @@ TEST(AllReduceStreamSettingTest, ReadsTheSetting) {
           << e.what();
     }
   }
-  saved ? static_cast<void>(::setenv(kName, saved->c_str(), 1)) : static_cast<void>(::unsetenv(kName));
 }
 
 // A pack of many values reduced in place of the values: segment counts cross

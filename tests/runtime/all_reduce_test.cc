@@ -13,6 +13,7 @@
 #include "runtime/packing.h"
 #include "runtime/replica_channel.h"
 #include "runtime/runtime_util.h"
+#include "testing/scoped_env.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -91,9 +92,9 @@ INSTANTIATE_TEST_SUITE_P(Matrix, AllReduceDTypeOpTest,
 // (changing it later changes nothing): here 1, so every all_reduce above
 // 1 KiB streams, one Tensor and a packed list alike.
 TEST(AllReduceTest, StreamingAsSetWhenTheStrategyWasMade) {
-  ASSERT_EQ(setenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "1", 1), 0);
+  const testing::ScopedEnv env("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "1");
   auto s = testing::mirrored(3);
-  ASSERT_EQ(setenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "0", 1), 0);
+  env.set("0");
   auto r = s->run([&](ReplicaContext& ctx) -> std::vector<Tensor> {
     const int id = ctx.replica_id_in_sync_group();
     const auto* comm = dynamic_cast<const internal::SharedMemoryCommunicator*>(ctx.channel().comm);
@@ -105,7 +106,6 @@ TEST(AllReduceTest, StreamingAsSetWhenTheStrategyWasMade) {
     }
     return out;
   });
-  unsetenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
   for (int k = 0; k < 3; ++k) {
     const auto& out = r[static_cast<std::size_t>(k)];
     ASSERT_EQ(out.size(), 3u);

@@ -8,8 +8,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <utility>
+#include <tuple>
 
+#include "testing/scoped_env.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -308,28 +309,26 @@ TEST(FailureTest, TimeoutFromEnvironmentAndStallWarning) {
 }
 
 TEST(FailureTest, BadEnvironmentValueIsAClearError) {
-  ASSERT_EQ(setenv("DISTRIBUTE_COLLECTIVE_TIMEOUT", "soon", 1), 0);
-  auto msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0"}); });
-  unsetenv("DISTRIBUTE_COLLECTIVE_TIMEOUT");
+  std::string msg;
+  {
+    const testing::ScopedEnv env("DISTRIBUTE_COLLECTIVE_TIMEOUT", "soon");
+    msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0"}); });
+  }
   EXPECT_NE(msg.find("DISTRIBUTE_COLLECTIVE_TIMEOUT='soon'"), std::string::npos) << msg;
 
-  // Read when a strategy is created, not at its first run.
-  ASSERT_EQ(setenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "32M", 1), 0);
-  msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0", "CPU:1"}); });
-  unsetenv("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES");
-  EXPECT_NE(msg.find("DISTRIBUTE_STREAM_ALL_REDUCE_BYTES='32M' is not a whole number of bytes"), std::string::npos)
-      << msg;
-
-  // Settings read later (the spin, when the replicas' group is made; the
-  // storage cache's limit, at the process's first allocation) are checked
-  // when a strategy is created too.
-  for (const auto& [name, text] : {std::pair{"DISTRIBUTE_SPIN_MICROSECONDS", "1e3"},
-                                   std::pair{"DISTRIBUTE_SPIN_MICROSECONDS", "99999999999"},
-                                   std::pair{"DISTRIBUTE_STORAGE_CACHE_BYTES", "2G"}}) {
-    ASSERT_EQ(setenv(name, text, 1), 0);
+  // Read when a strategy is created, not at its first run; and settings
+  // read later (the spin, when the replicas' group is made; the storage
+  // cache's limit, at the process's first allocation) are checked then too.
+  // The default strategy, made on first use, checks none of them.
+  for (const auto& [name, text, says] :
+       {std::tuple{"DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "32M", "is not a whole number of bytes (0: never stream)"},
+        std::tuple{"DISTRIBUTE_SPIN_MICROSECONDS", "1e3", "is not a whole number of microseconds up to 2147483647"},
+        std::tuple{"DISTRIBUTE_SPIN_MICROSECONDS", "2147483648", "is not a whole number of microseconds up to"},
+        std::tuple{"DISTRIBUTE_STORAGE_CACHE_BYTES", "2G", "is not a whole number of bytes"}}) {
+    const testing::ScopedEnv env(name, text);
     msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0", "CPU:1"}); });
-    unsetenv(name);
-    EXPECT_NE(msg.find(std::string(name) + "='" + text + "' is not a whole number of"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string(name) + "='" + text + "' " + says), std::string::npos) << msg;
+    EXPECT_NO_THROW(get_strategy());
   }
 }
 

@@ -48,6 +48,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Options {
+  // Where the raw engine's all_reduce streams: the setting, read once by main.
+  std::size_t stream_bytes = 0;
   std::string op = "all_reduce";
   int replicas = 2;
   DType dtype = DType::kFloat32;
@@ -297,7 +299,7 @@ struct RawOp {
   CollectiveCall call{.op = "", .sequence = 0, .timeout_seconds = 600};
 
   RawOp(const Options& opts, std::shared_ptr<internal::LocalGroup> group, int r, std::size_t n_elements)
-      : o(opts), comm(std::move(group), r), count(n_elements) {
+      : o(opts), comm(std::move(group), r, opts.stream_bytes), count(n_elements) {
     const std::size_t n = static_cast<std::size_t>(comm.size());
     const std::size_t per = count / n;
     in = make_input(o.dtype, r, o.op == "all_gather" ? per : count);
@@ -585,10 +587,7 @@ int run_multi_worker(const Options& o) {
 }
 #endif
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+int run_benchmark(const Options& o) {
 #ifdef DIST_HAVE_MPI
   if (mpi::started_by_launcher()) return run_multi_worker(o);
 #endif
@@ -682,4 +681,19 @@ int main(int argc, char** argv) {
   std::size_t total_wrong = 0;
   for (const Row& r : rows) total_wrong += r.wrong;
   return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  try {
+    // Read here, where a bad setting can be reported (the raw engine's
+    // members are made on their own threads).
+    o.stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+    return run_benchmark(o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "distribute-bench: %s\n", e.what());
+    return 2;
+  }
 }

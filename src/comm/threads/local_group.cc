@@ -36,9 +36,10 @@ std::string op_label(std::string_view op, std::uint64_t sequence) {
 // p50 3 us, p90 58 us, max 254 us); a spin shorter than that lets two
 // replicas fall into a convoy where each wait ends in a slow wake-up. 1 ms of
 // spinning outlasts the slowest wake-up, and only inside a collective.
-// DISTRIBUTE_SPIN_MICROSECONDS overrides the time. A setting that is not a
-// whole number leaves the default here (a thread's default context makes a
-// group where nothing may throw); creating a strategy reports it.
+// DISTRIBUTE_SPIN_MICROSECONDS overrides the time, read when a group is
+// made. A setting that is not a whole number leaves the default here (a
+// thread's default context makes a group, and nothing may throw there);
+// creating a strategy reports it.
 int spin_microseconds() {
   return static_cast<int>(parse_whole_number(std::getenv("DISTRIBUTE_SPIN_MICROSECONDS"),
                                              static_cast<std::size_t>(std::numeric_limits<int>::max()))

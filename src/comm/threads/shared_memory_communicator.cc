@@ -22,9 +22,7 @@ namespace distribute::internal {
 namespace {
 // The most members a communicator reduces from without a heap allocation.
 constexpr int kStackSources = 64;
-// Up to this size all_reduce takes the one-round latency path.
-constexpr std::size_t kLatencyPathBytes = 1024;
-static_assert(kLatencyPathBytes <= LocalGroup::kInlineBytes);
+static_assert(SharedMemoryCommunicator::kLatencyPathBytes <= LocalGroup::kInlineBytes);
 
 // memcpy with non-temporal stores where the destination allows it.
 void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {

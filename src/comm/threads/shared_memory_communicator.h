@@ -30,6 +30,8 @@ class SharedMemoryCommunicator final : public Communicator {
  public:
   // Elements of one chunk of the large all_reduce path, in bytes.
   static constexpr std::size_t kChunkBytes = 64 * 1024;
+  // Up to this size all_reduce takes the one-round latency path.
+  static constexpr std::size_t kLatencyPathBytes = 1024;
   // The chunk when all_reduce streams: reduced into a buffer that stays in L1
   // (16 KiB was 1.1 to 1.2x faster than 64 KiB at 128 MiB, no slower at 256).
   static constexpr std::size_t kStreamChunkBytes = 16 * 1024;
@@ -55,9 +57,9 @@ class SharedMemoryCommunicator final : public Communicator {
   // most, up to 1.1x slower at 16 MiB);
   // elsewhere never (on the AMD EPYC machines it was 1.3 to 2.3x slower from
   // 4 to 256 MiB). DISTRIBUTE_STREAM_ALL_REDUCE_BYTES overrides it (0:
-  // never), read by every call (a strategy reads it when created, its
-  // communicators when made); a value that is not a whole number of bytes
-  // is an InvalidArgumentError.
+  // never); a value that is not a whole number of bytes is an
+  // InvalidArgumentError. Every call reads the environment: a strategy calls
+  // it once, when made, and hands the value to its communicators.
   static constexpr std::size_t kAllReduceStreamBytesIntel = 32 << 20;
   static constexpr std::size_t kNeverStream = ~std::size_t{0};
   static std::size_t default_all_reduce_stream_bytes();
@@ -68,7 +70,7 @@ class SharedMemoryCommunicator final : public Communicator {
   static void copy_broadcast_part(void* dst, const void* src, std::size_t n, std::size_t message_bytes);
 
   // `all_reduce_stream_bytes`: where this member's all_reduce starts to
-  // stream (tests set it; the runtime takes the default).
+  // stream (the runtime passes its strategy's; tests set their own).
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
                            std::size_t all_reduce_stream_bytes = default_all_reduce_stream_bytes());
 
