@@ -49,7 +49,7 @@ namespace {
 
 struct Options {
   // Where the raw engine's all_reduce streams: the setting, read once by main.
-  std::size_t stream_bytes = 0;
+  std::size_t stream_bytes = internal::SharedMemoryCommunicator::kNeverStream;
   std::string op = "all_reduce";
   int replicas = 2;
   DType dtype = DType::kFloat32;

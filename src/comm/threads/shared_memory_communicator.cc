@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -11,7 +10,6 @@
 
 #include "core/reduce_kernels.h"
 #include "core/whole_number.h"
-#include "distribute/errors.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

@@ -15,8 +15,9 @@
 // chunk, still in cache, into every other member's output; a second round
 // keeps every buffer alive until all members are done with it. Each element
 // is computed once, by one member, so all members receive the same bits.
-// From default_all_reduce_stream_bytes() up, each chunk is reduced into a buffer of
-// the thread's instead and written to every output with streaming stores.
+// From the stream threshold up (default_all_reduce_stream_bytes), each chunk
+// is reduced into a buffer of the thread's instead and streamed to every
+// output.
 #pragma once
 
 #include <memory>
