@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -95,6 +96,15 @@ class Communicator {
   // and this rank's own block are untouched.
   virtual void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                             DType dtype, const CollectiveCall& call) = 0;
+  // all_gather_v into storage of the call's own, which this rank must only
+  // read: ranks that share an address space may all be given the same
+  // storage (the in-process backend does for contributions above 4 KiB),
+  // so that each rank writes its own block once instead of every rank
+  // writing every block. Returns outer * sum(counts) elements (null
+  // for none). The default allocates one block per rank and calls
+  // all_gather_v. Failures as all_gather_v's.
+  virtual std::shared_ptr<std::byte> all_gather_v_shared(const void* send, std::span<const std::size_t> counts,
+                                                         std::size_t outer, DType dtype, const CollectiveCall& call);
   // Copies root's buffer into every other rank's buffer.
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) = 0;
   virtual void barrier(const CollectiveCall& call) = 0;

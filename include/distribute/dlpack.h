@@ -14,7 +14,9 @@
 namespace distribute {
 
 // Exports `t` without copying. The returned tensor keeps t's storage alive
-// until its deleter is called; call it exactly once.
+// until its deleter is called; call it exactly once. A read-only tensor
+// (Tensor::is_read_only) is exported as a copy: DLPack 0.6 cannot tell its
+// consumer not to write.
 DLManagedTensor* to_dlpack(const Tensor& t);
 
 // Imports a CPU tensor without copying. Accepted: device kDLCPU (or

@@ -2,7 +2,9 @@
 //
 // Tensor: a dtype, a shape and shared row-major storage, with the device it
 // lives on. Copies share storage (as TensorFlow's handles do); clone() copies
-// the bytes. Printing follows TensorFlow's eager repr.
+// the bytes. A read-only tensor (all_gather's results, whose storage the
+// replicas of one process share) refuses writes. Printing follows
+// TensorFlow's eager repr.
 //
 //   Tensor a = constant({1, 2, 3});              // int32, shape (3,)
 //   Tensor b = constant({{1.f, 2.f}, {3.f, 4.f}}); // float32, shape (2, 2)
@@ -103,9 +105,24 @@ class Tensor {
   const std::string& device() const { return *device_; }
 
   const void* raw_data() const { return data_.get(); }
-  // Writes are seen by every Tensor that shares this storage.
-  void* mutable_raw_data() const { return data_.get(); }
+  // Writes are seen by every Tensor that shares this storage. On a read-only
+  // tensor, throws FailedPreconditionError.
+  void* mutable_raw_data() const {
+    if (read_only_) throw_read_only();
+    return data_.get();
+  }
   const std::shared_ptr<std::byte>& storage() const { return data_; }
+
+  // Whether writes through this tensor are refused. all_gather's results are
+  // read-only: in one process the replicas may share one result's storage,
+  // where a write by one replica would change (and race with) the others'.
+  // Copies, reshape() and with_device() keep the flag; clone() gives a
+  // writable copy. (from_shared(storage(), ...) makes a writable view: the
+  // caller then answers for the sharers.)
+  bool is_read_only() const { return read_only_; }
+  // The same storage, read-only.
+  Tensor as_read_only() const&;
+  Tensor as_read_only() &&;
 
   template <class T>
   std::span<const T> flat() const {
@@ -115,6 +132,7 @@ class Tensor {
   template <class T>
   std::span<T> mutable_flat() const {
     check_dtype(dtype_of<T>());
+    if (read_only_) throw_read_only();
     return {reinterpret_cast<T*>(data_.get()), static_cast<std::size_t>(num_elements())};
   }
   // The single element of a rank-0 (or one-element) tensor.
@@ -156,9 +174,11 @@ class Tensor {
       : dtype_(dtype), shape_(std::move(shape)), data_(std::move(data)), device_(device) {}
   void check_dtype(DType requested) const;
   [[noreturn]] void throw_not_scalar() const;
+  [[noreturn]] void throw_read_only() const;
   std::int64_t flat_index(std::initializer_list<std::int64_t> index) const;
 
   DType dtype_ = DType::kFloat32;
+  bool read_only_ = false;
   Shape shape_{0};
   std::shared_ptr<std::byte> data_;
   const std::string* device_;  // interned (internal::intern_device): copies share it

@@ -42,4 +42,14 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::span<const 
   if (mine) std::memcpy(recv, block.get() + offset * esz, mine);
 }
 
+std::shared_ptr<std::byte> Communicator::all_gather_v_shared(const void* send, std::span<const std::size_t> counts,
+                                                             std::size_t outer, DType dtype,
+                                                             const CollectiveCall& call) {
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  std::shared_ptr<std::byte> out = internal::allocate_storage(total * outer * size_of(dtype));
+  all_gather_v(send, out.get(), counts, outer, dtype, call);
+  return out;
+}
+
 }  // namespace distribute

@@ -72,7 +72,9 @@ DLDataType to_dl_dtype(DType dtype) {
 
 DLManagedTensor* to_dlpack(const Tensor& t) {
   auto ctx = std::make_unique<ExportContext>();
-  ctx->tensor = t;
+  // DLPack 0.6 cannot mark memory read-only and its consumers may write:
+  // a read-only tensor goes out as a copy.
+  ctx->tensor = t.is_read_only() ? t.clone() : t;
   ctx->shape = t.shape().dims();
   ctx->strides.assign(ctx->shape.size(), 1);
   for (int d = t.rank() - 2; d >= 0; --d) {
@@ -80,7 +82,7 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
         ctx->strides[static_cast<std::size_t>(d) + 1] * ctx->shape[static_cast<std::size_t>(d) + 1];
   }
   DLTensor& dl = ctx->managed.dl_tensor;
-  dl.data = t.mutable_raw_data();
+  dl.data = ctx->tensor.mutable_raw_data();
   dl.device = {kDLCPU, 0};
   dl.ndim = t.rank();
   dl.dtype = to_dl_dtype(t.dtype());

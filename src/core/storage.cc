@@ -257,6 +257,17 @@ std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
   });
 }
 
+std::shared_ptr<std::byte> allocate_shared_storage(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (bytes > (std::size_t{1} << 62)) throw std::bad_alloc();
+  const std::size_t cls = size_class(std::max(bytes, kStorageAlignment));
+  auto* p = static_cast<std::byte*>(take_elsewhere(cls));
+  // Owner 0 is no thread's number: the block goes back past every thread's cache.
+  return std::shared_ptr<std::byte>(p, [cls](std::byte* q) {
+    if (!kept_aside(q, cls)) give_back_block(q, cls, 0);
+  });
+}
+
 void quarantine_storage(const void* data, std::size_t bytes) {
   if (data == nullptr || bytes == 0) return;
   Quarantine& q = quarantine();

@@ -24,6 +24,14 @@ inline constexpr std::size_t kCachedMinBytes = 4096;
 
 // Uninitialised bytes; nullptr for 0 bytes.
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes);
+// The same, for storage that several threads share and let go of in any
+// order (an all_gather output of every replica): it comes from and goes back
+// to the cache shared by every thread. (A block of allocate_storage goes back
+// to its allocating thread's own cache if that thread lets go of it last, and
+// to the shared cache otherwise: with the allocating thread changing from
+// call to call, a thread could find its cache empty while the last block sat
+// in another's, and take fresh pages.)
+std::shared_ptr<std::byte> allocate_shared_storage(std::size_t bytes);
 
 struct StorageStats {
   std::uint64_t fresh_blocks = 0;   // cached-size blocks taken from the system

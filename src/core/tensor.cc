@@ -140,6 +140,20 @@ void Tensor::throw_not_scalar() const {
                              std::to_string(num_elements()) + " elements, not 1");
 }
 
+void Tensor::throw_read_only() const {
+  throw FailedPreconditionError("Tensor " + std::string(to_string(dtype_)) + " " + shape_.to_string() + " on " +
+                                *device_ +
+                                " is read-only (its storage is shared with values that must not change, such as the other "
+                                "replicas' all_gather results): clone() it to write");
+}
+
+Tensor Tensor::as_read_only() const& { return Tensor(*this).as_read_only(); }
+
+Tensor Tensor::as_read_only() && {
+  read_only_ = true;
+  return std::move(*this);
+}
+
 std::int64_t Tensor::flat_index(std::initializer_list<std::int64_t> index) const {
   if (static_cast<int>(index.size()) != rank()) {
     throw InvalidArgumentError("Tensor::at: index of rank " + std::to_string(index.size()) + " for shape " +

@@ -340,14 +340,15 @@ void describe_all_gather(Signature& sig, const Nest<Tensor>& value, const std::v
   }
 }
 
-// One leaf's data round, laid out as `layout` says.
+// One leaf's data round, laid out as `layout` says. The result is read-only:
+// the replicas of one process may share its storage (all_gather_v_shared).
 Tensor gather_leaf(ReplicaChannel& ch, const Tensor& leaf, const internal::GatherLayout& layout,
                    const CollectiveCall& call) {
-  const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
-  Tensor gathered = Tensor::uninitialized(leaf.dtype(), layout.shape, device);
-  ch.comm->all_gather_v(leaf.raw_data(), gathered.mutable_raw_data(), layout.counts, layout.outer, leaf.dtype(), call);
+  std::shared_ptr<std::byte> storage =
+      ch.comm->all_gather_v_shared(leaf.raw_data(), layout.counts, layout.outer, leaf.dtype(), call);
   ++ch.data_calls;
-  return gathered;
+  // No device name: the replica thread's device scope (this replica's device).
+  return Tensor::from_shared(std::move(storage), leaf.dtype(), layout.shape).as_read_only();
 }
 
 // The layout if every member's value has the shape of `leaf`.

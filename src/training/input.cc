@@ -47,15 +47,16 @@ std::string InputContext::to_string() const {
 
 namespace {
 
-// Rows [begin, end) of every leaf: views, no copy.
+// Rows [begin, end) of every leaf: views, no copy (read-only where the leaf is).
 Nest<Tensor> slice_rows(const Nest<Tensor>& batch, std::int64_t begin, std::int64_t end, const std::string& device) {
   return batch.map([&](const Tensor& t) {
     std::vector<std::int64_t> dims = t.shape().dims();
     const std::int64_t row_bytes = dims[0] == 0 ? 0 : static_cast<std::int64_t>(t.nbytes()) / dims[0];
     dims[0] = end - begin;
-    auto* base = static_cast<std::byte*>(t.mutable_raw_data());
-    return Tensor::from_shared(std::shared_ptr<std::byte>(t.storage(), base + begin * row_bytes), t.dtype(),
-                               Shape(dims), device);
+    std::byte* base = t.storage().get();
+    Tensor rows = Tensor::from_shared(std::shared_ptr<std::byte>(t.storage(), base + begin * row_bytes), t.dtype(),
+                                      Shape(dims), device);
+    return t.is_read_only() ? std::move(rows).as_read_only() : rows;
   });
 }
 

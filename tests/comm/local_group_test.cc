@@ -67,6 +67,118 @@ TEST(LocalGroupTest, AnEntrysObjectIsLetGoOnceTheNextRoundHasCompleted) {
   }
 }
 
+// arrive_making: the member whose arrival completes the round makes the
+// object, once, after every member has arrived; every member gets that one
+// object; the group lets go of it once a later counted round completes.
+TEST(LocalGroupTest, ArriveMakingMakesOneObjectAfterEveryArrival) {
+  struct Context {
+    std::atomic<int> arrived{0};
+    std::atomic<int> calls{0};
+    std::atomic<int> arrived_when_made{-1};
+    int value = 0;
+  };
+  const LocalGroup::Maker make = [](const void* c) noexcept -> std::shared_ptr<void> {
+    auto& ctx = *static_cast<Context*>(const_cast<void*>(c));
+    ctx.calls.fetch_add(1);
+    ctx.arrived_when_made = ctx.arrived.load();
+    return std::make_shared<int>(ctx.value);
+  };
+  for (int n : {1, 2, 3, 4, 7}) {
+    SCOPED_TRACE(std::to_string(n) + " members");
+    LocalGroup group(n);
+    for (const bool release_next : {false, true}) {
+      Context ctx;
+      ctx.value = 40 + n;
+      std::vector<const void*> got(static_cast<std::size_t>(n));
+      std::weak_ptr<void> watch;
+      auto errors = run_threads(n, [&](int r) {
+        std::shared_ptr<void> made;
+        ctx.arrived.fetch_add(1);
+        group.arrive_making(r, {}, call("test", 1), make, &ctx, made);
+        ASSERT_TRUE(made);
+        EXPECT_EQ(*std::static_pointer_cast<int>(made), 40 + n);
+        got[static_cast<std::size_t>(r)] = made.get();
+        if (r == 0) watch = made;
+        made.reset();
+        // The next counted round lets the group's own hold go.
+        release_next ? group.release(r, call("test", 1)) : static_cast<void>(group.arrive(r, {}, call("test", 2)));
+      });
+      for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+      EXPECT_EQ(ctx.calls.load(), 1);
+      EXPECT_EQ(ctx.arrived_when_made.load(), n);
+      for (const void* p : got) EXPECT_EQ(p, got[0]);
+      EXPECT_TRUE(watch.expired());
+    }
+  }
+}
+
+// A maker's failure (null) reaches every member alike; a tag mismatch
+// leaves `made` empty on every member, and the group goes on.
+TEST(LocalGroupTest, ArriveMakingHandsANullOrAMismatchToEveryMember) {
+  LocalGroup group(3);
+  const LocalGroup::Maker fail = [](const void*) noexcept -> std::shared_ptr<void> { return nullptr; };
+  auto errors = run_threads(3, [&](int r) {
+    std::shared_ptr<void> made = std::make_shared<int>(1);
+    group.arrive_making(r, {}, call("test", 1), fail, nullptr, made);
+    EXPECT_FALSE(made);
+  });
+  for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
+  std::atomic<int> makes{0};
+  const LocalGroup::Maker make = [](const void* count) noexcept -> std::shared_ptr<void> {
+    static_cast<std::atomic<int>*>(const_cast<void*>(count))->fetch_add(1);
+    return std::make_shared<int>(2);
+  };
+  auto mismatched = run_threads(3, [&](int r) {
+    const auto sentinel = std::make_shared<int>(-1);
+    std::shared_ptr<void> made = sentinel;
+    CollectiveCall c = call("test", 2);
+    c.signature_tag = r == 1 ? 0x10 : 0x20;
+    try {
+      group.arrive_making(r, {.tag = c.signature_tag}, c, make, &makes, made);
+    } catch (const SignatureMismatch&) {
+      EXPECT_EQ(made, sentinel);  // left as it was
+      throw;
+    }
+  });
+  for (auto& e : mismatched) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+  }
+  EXPECT_EQ(makes.load(), 0);  // nothing is made for a round that fails
+  auto again = run_threads(3, [&](int r) { group.arrive(r, {}, call("test", 3)); });
+  for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
+}
+
+// A member that is done can never arrive: the others leave arrive_making
+// with the error, nothing is made, and after reset() the group makes again.
+TEST(LocalGroupTest, ArriveMakingFailsAtOnceOnAMemberThatIsDone) {
+  LocalGroup group(3);
+  std::atomic<int> makes{0};
+  const LocalGroup::Maker make = [](const void* count) noexcept -> std::shared_ptr<void> {
+    static_cast<std::atomic<int>*>(const_cast<void*>(count))->fetch_add(1);
+    return std::make_shared<int>(3);
+  };
+  group.mark_done(2);
+  auto errors = run_threads(2, [&](int r) {
+    std::shared_ptr<void> made;
+    group.arrive_making(r, {}, call("all_gather", 1), make, &makes, made);
+  });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), FailedPreconditionError);
+  }
+  EXPECT_EQ(makes.load(), 0);
+  group.reset();
+  auto again = run_threads(3, [&](int r) {
+    std::shared_ptr<void> made;
+    group.arrive_making(r, {}, call("all_gather", 1), make, &makes, made);
+    ASSERT_TRUE(made);
+    EXPECT_EQ(*std::static_pointer_cast<int>(made), 3);
+  });
+  for (auto& e : again) EXPECT_FALSE(e) << message_of(e);
+  EXPECT_EQ(makes.load(), 1);
+}
+
 // Members 0 and 1 of a group of 3 call `arrive(rank)`, which waits for
 // member 2; 20 ms after both have begun, member 2 aborts the group. Returns
 // what each raised.

@@ -396,6 +396,116 @@ TEST(GatherLargeTest, ManyEmptyRowsReturnAtOnce) {
   for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
 }
 
+// all_gather_v_shared against the same reference as all_gather_v, for every
+// member count, ragged and empty contributions, outer rows, and the
+// contributions on either side of the sharing threshold (kInlineBytes) and
+// past kStreamBytes: from the threshold up every member holds one output
+// (the same storage), below it each its own. Each size runs twice on one
+// group: the second call reuses the first call's block.
+class SharedGatherTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SharedGatherTest, EveryMemberGetsTheGatherSharedFromTheThresholdOn) {
+  const int n = GetParam();
+  constexpr std::size_t kInlineInts = LocalGroup::kInlineBytes / sizeof(std::int32_t);
+  // An output just past kStreamBytes, whatever the member count.
+  const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(std::int32_t) / static_cast<std::size_t>(n) + 1;
+  struct Case {
+    std::size_t largest;  // elements of the largest contribution's row
+    std::size_t outer;
+    bool member0_empty;   // member 0 contributes nothing
+  };
+  const Case cases[] = {{kInlineInts, 1, false},     {kInlineInts + 1, 1, false}, {kInlineInts + 1, 1, true},
+                        {kInlineInts / 3 + 1, 3, false}, {kInlineInts / 3 + 1, 3, true}, {3000, 2, false},
+                        {streaming, 1, false}};
+  auto group = std::make_shared<LocalGroup>(n);
+  for (const Case& c : cases) {
+    // The last member's contribution is the largest; the others' ragged.
+    std::vector<std::size_t> counts;
+    std::size_t row = 0;
+    for (int r = 0; r < n; ++r) {
+      std::size_t k = c.largest - static_cast<std::size_t>(n - 1 - r) * 7 % (c.largest + 1);
+      if (r == 0 && c.member0_empty && n > 1) k = 0;
+      if (r == n - 1) k = c.largest;
+      counts.push_back(k);
+      row += k;
+    }
+    const std::size_t largest_bytes = c.largest * c.outer * sizeof(std::int32_t);
+    const bool shared = n > 1 && SharedMemoryCommunicator::shares_gather(largest_bytes);
+    SCOPED_TRACE(std::to_string(n) + " members, largest row " + std::to_string(c.largest) + " x " +
+                 std::to_string(c.outer) + (shared ? ", shared" : ", not shared"));
+    const std::byte* first_block = nullptr;
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(n));
+      auto errors = run_threads(n, [&](int r) {
+        std::vector<std::int32_t> send;
+        for (std::size_t o = 0; o < c.outer; ++o) {
+          for (std::size_t j = 0; j < counts[static_cast<std::size_t>(r)]; ++j) {
+            send.push_back(static_cast<std::int32_t>(r * 10000000 + static_cast<int>(o) * 100000 + static_cast<int>(j)));
+          }
+        }
+        SharedMemoryCommunicator comm(group, r);
+        out[static_cast<std::size_t>(r)] =
+            comm.all_gather_v_shared(send.data(), counts, c.outer, DType::kInt32, call("all_gather"));
+      });
+      for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(out[static_cast<std::size_t>(r)]);
+        if (r > 0) {
+          EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[0], shared) << "member " << r;
+        }
+        const auto* got = reinterpret_cast<const std::int32_t*>(out[static_cast<std::size_t>(r)].get());
+        std::size_t k = 0;
+        for (std::size_t o = 0; o < c.outer; ++o) {
+          for (int q = 0; q < n; ++q) {
+            for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
+              const int want = q * 10000000 + static_cast<int>(o) * 100000 + static_cast<int>(j);
+              if (got[k] != want) {  // (no assertion per element: millions of them)
+                FAIL() << "member " << r << " outer " << o << " from " << q << " j " << j << ": " << got[k]
+                       << ", not " << want;
+              }
+            }
+          }
+        }
+        ASSERT_EQ(k, row * c.outer);
+      }
+      // The first call's block, let go, comes back from the shared cache.
+      if (shared && repeat == 1) {
+        EXPECT_EQ(out[0].get(), first_block);
+      }
+      first_block = out[0].get();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, SharedGatherTest, ::testing::Values(1, 2, 3, 4, 7, 8));
+
+// A member whose tag differs fails every member before anything is written
+// or handed out; the group goes on.
+TEST(SharedGatherTest, DifferentTagsThrowMismatchOnEveryMember) {
+  const int n = 3;
+  auto group = std::make_shared<LocalGroup>(n);
+  const std::vector<std::size_t> counts(n, 2000);
+  for (const bool mismatch : {true, false}) {
+    auto errors = run_threads(n, [&](int r) {
+      const std::vector<float> send(2000, static_cast<float>(r));
+      SharedMemoryCommunicator comm(group, r);
+      CollectiveCall c = call("all_gather");
+      c.signature_tag = mismatch && r == 1 ? 0x30 : 0x40;
+      const auto out = comm.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, c);
+      const auto* got = reinterpret_cast<const float*>(out.get());
+      for (int q = 0; q < n; ++q) EXPECT_EQ(got[static_cast<std::size_t>(q) * 2000 + 1999], static_cast<float>(q));
+    });
+    for (auto& e : errors) {
+      if (mismatch) {
+        ASSERT_TRUE(e);
+        EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+      } else {
+        EXPECT_FALSE(e) << message_of(e);
+      }
+    }
+  }
+}
+
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
   // 6 doubles (48 bytes): a small round; 7 and 100: the inline path; 10000:
   // two rounds; past kStreamBytes: streaming stores.

@@ -77,6 +77,21 @@ TEST_P(DLPackRoundTripTest, ShareStorageWithoutCopy) {
   EXPECT_EQ(u.device(), kHostDevice);
 }
 
+// A read-only tensor (an all_gather result) goes out as a copy: DLPack 0.6
+// cannot tell its consumer not to write.
+TEST_P(DLPackRoundTripTest, ReadOnlyTensorsAreExportedAsACopy) {
+  const DType d = GetParam();
+  const Tensor t = iota(d, Shape{2, 3}, 1).as_read_only();
+  DLManagedTensor* m = to_dlpack(t);
+  ASSERT_NE(m, nullptr);
+  EXPECT_NE(m->dl_tensor.data, t.raw_data());
+  Tensor u = from_dlpack(m);
+  EXPECT_FALSE(u.is_read_only());
+  EXPECT_EQ(u, t);
+  std::memset(u.mutable_raw_data(), 0, u.nbytes());
+  EXPECT_EQ(t, iota(d, Shape{2, 3}, 1));
+}
+
 TEST_P(DLPackRoundTripTest, ImportedTensorKeepsExportedStorageAlive) {
   const DType d = GetParam();
   const Tensor expected = iota(d, Shape{5}, 2);

@@ -144,6 +144,34 @@ TEST(StorageTest, BlocksAllocatedElsewhereAreNotHoardedByTheFreeingThread) {
   release_cached_storage();
 }
 
+// Storage that threads share (an all_gather output) goes back to the shared
+// cache whoever lets go of it last, the allocating thread included: the next
+// allocation, from any thread, finds it there.
+TEST(StorageTest, SharedStorageGoesBackToTheSharedCacheFromAnyThread) {
+  release_cached_storage();
+  constexpr std::size_t kBytes = 7 << 20;  // a class no other test here uses
+  Freer freer;
+  std::byte* first = nullptr;
+  std::thread([&] {
+    std::shared_ptr<std::byte> block = allocate_shared_storage(kBytes);
+    first = block.get();
+    freer.free(std::move(block));  // another thread lets go of it
+  }).join();
+  EXPECT_EQ(storage_stats().cached_bytes, kBytes);
+  const std::uint64_t fresh = storage_stats().fresh_blocks;
+  for (int step = 0; step < 10; ++step) {
+    std::shared_ptr<std::byte> block = allocate_shared_storage(kBytes);
+    EXPECT_EQ(block.get(), first) << "step " << step;
+    const StorageStats before = storage_stats();
+    block.reset();  // the allocating thread lets go: the shared cache all the same
+    EXPECT_EQ(storage_stats().cached_bytes, before.cached_bytes + kBytes) << "step " << step;
+  }
+  EXPECT_EQ(storage_stats().fresh_blocks, fresh);
+  EXPECT_EQ(allocate_shared_storage(0), nullptr);
+  EXPECT_THROW(allocate_shared_storage(std::size_t{1} << 63), std::bad_alloc);
+  release_cached_storage();
+}
+
 // A transport that could not cancel a receive after a failure quarantines
 // its area (MpiCommunicator::release): storage overlapping it must never be
 // handed out again, while every other block is reused as before.

@@ -277,6 +277,40 @@ TEST(TensorStorageTest, CopiesShareStorageClonesDoNot) {
   EXPECT_EQ(a.storage().use_count(), 2);
 }
 
+// A read-only tensor refuses writes with an error that names it; copies and
+// views keep the flag, clone() does not; the handle it came from stays
+// writable, and reading works as before.
+TEST(TensorStorageTest, ReadOnlyTensorsRefuseWritesUntilCloned) {
+  Tensor a = constant({1.f, 2.f, 3.f, 4.f});
+  const Tensor frozen = a.as_read_only();
+  EXPECT_FALSE(a.is_read_only());
+  EXPECT_TRUE(frozen.is_read_only());
+  EXPECT_EQ(frozen.raw_data(), a.raw_data());  // the same storage
+  const std::string message =
+      testing::error_message<FailedPreconditionError>([&] { static_cast<void>(frozen.mutable_raw_data()); });
+  EXPECT_NE(message.find("Tensor float32 (4,) on " + std::string(kHostDevice) + " is read-only"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("clone()"), std::string::npos) << message;
+  EXPECT_THROW(frozen.mutable_flat<float>(), FailedPreconditionError);
+  EXPECT_THROW(frozen.mutable_flat<int>(), InvalidArgumentError);  // the dtype is checked first
+  const Tensor copy = frozen;
+  for (const Tensor& view : {copy, frozen.reshape(Shape{2, 2}), frozen.with_device("/device:CPU:1")}) {
+    EXPECT_TRUE(view.is_read_only());
+    EXPECT_THROW(view.mutable_raw_data(), FailedPreconditionError);
+  }
+  Tensor writable = frozen.clone();
+  EXPECT_FALSE(writable.is_read_only());
+  writable.mutable_flat<float>()[0] = 10.f;
+  EXPECT_EQ(frozen.at<float>({0}), 1.f);
+  a.mutable_flat<float>()[1] = 20.f;  // the writable handle still writes, and the read-only one sees it
+  EXPECT_EQ(frozen.at<float>({1}), 20.f);
+  EXPECT_EQ(frozen, a);
+  // The rvalue form marks the tensor itself, without another reference.
+  Tensor moved = Tensor(a).as_read_only();
+  EXPECT_TRUE(moved.is_read_only());
+  EXPECT_EQ(a.storage().use_count(), 4);  // a, frozen, copy and moved (the views are gone)
+}
+
 TEST(TensorStorageTest, CloneOfEmptyTensor) {
   Tensor e = constant(std::vector<float>{}, Shape{0, 4});
   Tensor c = e.clone();

@@ -2,8 +2,14 @@
 // the argument errors, which every replica must report identically.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <string>
 #include <tuple>
+#include <vector>
 
+#include "comm/threads/shared_memory_communicator.h"
+#include "core/storage.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -31,19 +37,31 @@ TEST_P(AllGatherAxisTest, EqualsConcatOfEveryReplicasValueInOrder) {
   }
 }
 
+// Small values (one round through the inline areas), and values past the
+// 4 KiB from which the replicas share one result's storage (every dtype:
+// int8's 8800 bytes to float64's 70400 at dims[axis] = 1100).
 void check_all_gather(int n, int axis, DType dtype) {
-  const std::vector<std::int64_t> dims = {2, 3, 2};
   auto s = testing::mirrored(n);
-  for (std::int64_t extra : {0, 1}) {
-    auto r = s->run([&, extra = extra](ReplicaContext& ctx) {
-      return ctx.all_gather(ragged_value(dtype, dims, axis, ctx.replica_id_in_sync_group(), extra), axis);
-    });
-    std::vector<Tensor> parts;
-    for (int q = 0; q < n; ++q) parts.push_back(ragged_value(dtype, dims, axis, q, extra));
-    const Tensor want = concat(parts, axis);
-    for (int q = 0; q < n; ++q) {
-      EXPECT_EQ(r[static_cast<std::size_t>(q)], want) << "replica " << q;
-      EXPECT_EQ(r[static_cast<std::size_t>(q)].device(), s->devices()[static_cast<std::size_t>(q)]);
+  for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{2, 3, 2}, {4, 1100, 2}}) {
+    for (std::int64_t extra : {0, 1}) {
+      auto r = s->run([&, extra = extra](ReplicaContext& ctx) {
+        return ctx.all_gather(ragged_value(dtype, dims, axis, ctx.replica_id_in_sync_group(), extra), axis);
+      });
+      std::vector<Tensor> parts;
+      std::size_t largest = 0;
+      for (int q = 0; q < n; ++q) {
+        parts.push_back(ragged_value(dtype, dims, axis, q, extra));
+        largest = std::max(largest, parts.back().nbytes());
+      }
+      const Tensor want = concat(parts, axis);
+      const bool shared = n > 1 && internal::SharedMemoryCommunicator::shares_gather(largest);
+      for (int q = 0; q < n; ++q) {
+        const Tensor& got = r[static_cast<std::size_t>(q)];
+        EXPECT_EQ(got, want) << "replica " << q;
+        EXPECT_EQ(got.device(), s->devices()[static_cast<std::size_t>(q)]);
+        EXPECT_TRUE(got.is_read_only());
+        EXPECT_EQ(got.raw_data() == r[0].raw_data(), q == 0 || shared) << "replica " << q << ", " << largest << " B";
+      }
     }
   }
 }
@@ -224,6 +242,89 @@ TEST(AllGatherTest, NestOfManyValuesAndEmptyParts) {
     ASSERT_EQ(local.size(), 20u);
     EXPECT_EQ(local[7], fill(DType::kInt64, Shape{3, 2}, 7));
   }
+}
+
+// The replicas of one process share one result: writing it through any
+// replica's tensor is a clear error (it would change, and race with, the
+// others'); a clone is the replica's own. Nested results are read-only too.
+TEST(AllGatherTest, ResultsAreReadOnlyAndSharedByTheReplicas) {
+  auto s = testing::mirrored(3);
+  std::atomic<int> refused{0};
+  auto r = s->run([&](ReplicaContext& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    Tensor big = ctx.all_gather(fill(DType::kFloat32, Shape{2000}, id), 0);
+    const std::string message =
+        testing::expect_throw<FailedPreconditionError>([&] { big.mutable_flat<float>()[0] = 1; });
+    if (message.find("Tensor float32 (6000,) on " + ctx.devices()[0] + " is read-only") != std::string::npos) {
+      ++refused;
+    } else {
+      ADD_FAILURE() << message;
+    }
+    Tensor mine = big.clone();
+    mine.mutable_flat<float>()[0] = 100.f + static_cast<float>(id);
+    Nest<Tensor> nest = ctx.all_gather(N::list({N(fill(DType::kInt32, Shape{3}, id)), N(mine)}), 0);
+    for (const Tensor& leaf : nest.flatten()) EXPECT_TRUE(leaf.is_read_only());
+    return N::list({N(big), nest});
+  });
+  EXPECT_EQ(refused.load(), 3);
+  const Tensor want = concat(std::vector<Tensor>{fill(DType::kFloat32, Shape{2000}, 0), fill(DType::kFloat32, Shape{2000}, 1),
+                                                 fill(DType::kFloat32, Shape{2000}, 2)},
+                             0);
+  for (std::size_t q = 0; q < 3; ++q) {
+    const Tensor& big = r[q][0].leaf();
+    EXPECT_EQ(big, want) << "replica " << q;  // no replica's write or clone reached it
+    EXPECT_EQ(big.raw_data(), r[0][0].leaf().raw_data());
+    const Tensor& clones = r[q][1][1].leaf();
+    for (int p = 0; p < 3; ++p) EXPECT_EQ(clones.at<float>({p * 6000}), 100.f + static_cast<float>(p));
+  }
+}
+
+// Ragged values on either side of the sharing threshold and of the small
+// paths (8 bytes, 2000, 12000): the first round, where each replica assumes
+// the others' shapes are its own, takes different paths on different
+// replicas (a small round, the inline areas, the shared output), which must
+// end in the same mismatch everywhere; the second round gathers into one
+// shared output.
+TEST(AllGatherTest, RaggedValuesAcrossTheSharingThreshold) {
+  const std::vector<std::int64_t> lengths = {3000, 2, 500};
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(std::to_string(n) + " replicas");
+    auto s = testing::mirrored(n);
+    auto r = s->run([&](ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      return ctx.all_gather(iota(DType::kFloat32, Shape{lengths[static_cast<std::size_t>(id)]}, id * 10000.0), 0);
+    });
+    std::vector<Tensor> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(iota(DType::kFloat32, Shape{lengths[static_cast<std::size_t>(q)]}, q * 10000.0));
+    const Tensor want = concat(parts, 0);
+    for (int q = 0; q < n; ++q) {
+      EXPECT_EQ(r[static_cast<std::size_t>(q)], want) << "replica " << q;
+      EXPECT_EQ(r[static_cast<std::size_t>(q)].raw_data(), r[0].raw_data()) << "replica " << q;
+    }
+  }
+}
+
+// A step that lets go of its last result before the next all_gather gets
+// the same storage back every time: the output is allocated once every
+// replica has arrived (and let go), from the cache all threads share.
+TEST(AllGatherTest, AStepThatDropsItsLastResultTakesNoFreshStorage) {
+  auto s = testing::mirrored(2);
+  std::atomic<std::uint64_t> fresh_after_first{0}, fresh_at_end{0};
+  s->run([&](ReplicaContext& ctx) {
+    const Tensor in = fill(DType::kFloat32, Shape{300000}, ctx.replica_id_in_sync_group());
+    Tensor out;
+    for (int step = 0; step < 30; ++step) {
+      out = Tensor();
+      out = ctx.all_gather(in, 0);
+      if (step == 0) {
+        ctx.merge_call([&](Strategy&) { fresh_after_first = internal::storage_stats().fresh_blocks; });
+      }
+    }
+    ctx.merge_call([&](Strategy&) { fresh_at_end = internal::storage_stats().fresh_blocks; });
+    EXPECT_EQ(out.at<float>({300000}), 1.f);
+    return out;
+  });
+  EXPECT_EQ(fresh_at_end.load(), fresh_after_first.load());
 }
 
 // An empty value with very many rows before the axis, shape (2^62, 0):

@@ -61,6 +61,7 @@ struct Options {
   int warmup = 5;
   bool check = false;
   bool interleave_memcpy = false;  // the memcpy reference alternating with the op (raw engine)
+  bool shared_output = false;      // raw all_gather: all_gather_v_shared, as the API
   std::string api = "raw";
   std::string csv;
   int batch = 0;  // > 0: compare one all_reduce of `batch` tensors with `batch` separate calls
@@ -73,10 +74,12 @@ struct Options {
                "                        [--dtype float32|...]\n"
                "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
                "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
-               "                        [--interleave-memcpy]\n"
+               "                        [--interleave-memcpy] [--shared-output]\n"
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "--api both: the engine and the API alternately in one run, with the API's overhead\n"
                "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
+               "--shared-output: the engine's all_gather into one output for every replica, as the API's\n"
+               "                 (all_gather_v_shared), not into each replica's own buffer\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
                "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
@@ -126,6 +129,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup" || a == "-w") o.warmup = std::atoi(value().c_str());
     else if (a == "--check" || a == "-c") o.check = true;
     else if (a == "--interleave-memcpy") o.interleave_memcpy = true;
+    else if (a == "--shared-output") o.shared_output = true;
     else if (a == "--api") o.api = value();
     else if (a == "--csv") o.csv = value();
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
@@ -138,6 +142,7 @@ Options parse(int argc, char** argv) {
     usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
   }
   if (o.api != "raw" && o.api != "tensor" && o.api != "both") usage("--api must be raw, tensor or both");
+  if (o.shared_output && o.op != "all_gather") usage("--shared-output is for --op all_gather");
   if (o.interleave_memcpy && o.api != "raw") usage("--interleave-memcpy is for --api raw");
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
@@ -289,12 +294,14 @@ struct FaultMeter {
 };
 
 // One member of the raw engine: a SharedMemoryCommunicator on its own
-// buffers, the output reused from call to call.
+// buffers, the output reused from call to call (--shared-output: the
+// engine's shared all_gather output, let go before each call as the API's).
 struct RawOp {
   const Options& o;
   internal::SharedMemoryCommunicator comm;
   std::size_t count;
   Tensor in, out;
+  std::shared_ptr<std::byte> shared_out;
   std::vector<std::size_t> counts;
   CollectiveCall call{.op = "", .sequence = 0, .timeout_seconds = 600};
 
@@ -316,6 +323,9 @@ struct RawOp {
     const auto t0 = Clock::now();
     if (o.op == "all_reduce") {
       comm.all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
+    } else if (o.op == "all_gather" && o.shared_output) {
+      shared_out.reset();
+      shared_out = comm.all_gather_v_shared(in.raw_data(), counts, 1, o.dtype, call);
     } else if (o.op == "all_gather") {
       comm.all_gather_v(in.raw_data(), out.mutable_raw_data(), counts, 1, o.dtype, call);
     } else if (o.op == "reduce_scatter") {
@@ -324,6 +334,11 @@ struct RawOp {
       comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
     }
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
+
+  // The last call's result.
+  Tensor result() const {
+    return shared_out ? Tensor::from_shared(shared_out, o.dtype, Shape{static_cast<std::int64_t>(count)}) : out;
   }
 };
 
@@ -352,7 +367,7 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
         }
       }
       if (r == 0) faults.end(o.iters);
-      results[static_cast<std::size_t>(r)] = raw.out;
+      results[static_cast<std::size_t>(r)] = raw.result();
     });
   }
   for (auto& t : threads) t.join();
@@ -403,7 +418,7 @@ std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std
       if (r == 0 && it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     if (r == 0) faults.end(o.iters);  // --api both: per iteration, the engine's call and the API's together
-    if (raw) raw_results[static_cast<std::size_t>(r)] = raw->out;
+    if (raw) raw_results[static_cast<std::size_t>(r)] = raw->result();
     return out;
   });
   results = per_replica.values();
@@ -495,6 +510,7 @@ int run_multi_worker(const Options& o) {
   if (o.api == "both") usage("--api both is for one process; under mpirun the MPI collective is the reference");
   if (o.op == "broadcast") usage("--op broadcast is not measured under mpirun (broadcast_to is local to a worker)");
   if (o.op == "reduce_scatter") usage("--op reduce_scatter is measured in one process only (the threads engine)");
+  if (o.shared_output) usage("--shared-output is the threads engine's, measured in one process only");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   MultiWorkerMirroredStrategy strategy(o.replicas, link);
   const int workers = strategy.num_workers(), n = strategy.num_replicas_in_sync();
@@ -603,6 +619,10 @@ int run_benchmark(const Options& o) {
   std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
               std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
               o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
+  if (o.op == "all_gather" && o.api != "raw") {
+    std::printf("# api: every replica's result views one shared output (read-only) once a contribution passes 4 KiB\n");
+  }
+  if (o.shared_output) std::printf("# raw: all_gather_v_shared, one output for every replica, as the API's\n");
   if (both) {
     std::printf("# raw: the engine on its own buffers, alternating with the API call iteration by iteration\n");
     std::printf("# faults/iter: page faults of one iteration (the engine's call and the API's together)\n");

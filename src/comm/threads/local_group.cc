@@ -191,11 +191,21 @@ void LocalGroup::wake_sleepers(const std::atomic<int>& sleepers) {
   }
 }
 
-void LocalGroup::count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind) {
+void LocalGroup::count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind,
+                               const MakeRequest* make) {
   const std::uint64_t target = static_cast<std::uint64_t>(size_) * ++members_[static_cast<std::size_t>(member)].counted;
   // seq_cst: a sleeper in a small round looks at arrivals_ (see wake_sleepers).
   const std::uint64_t total = arrivals_.fetch_add(1, std::memory_order_seq_cst) + 1;
   if (total == target) {
+    // Every member took its copy of what an earlier round made before it
+    // arrived here.
+    if (made_) made_.reset();
+    // Nothing is made for a round whose tags disagree: every member throws
+    // SignatureMismatch (and the sizes may be another member's).
+    const std::vector<Entry>& slots = slots_[round & 1];
+    if (make != nullptr && !tags_disagree(size_, [&](int q) { return slots[static_cast<std::size_t>(q)].tag; })) {
+      made_ = make->make(make->context);
+    }
     generation_.store(round + 1, std::memory_order_seq_cst);
     wake_sleepers(sleepers_);
   } else {
@@ -219,6 +229,20 @@ void LocalGroup::forget_round_before(int member, std::uint64_t round) {
     slots_[parity][static_cast<std::size_t>(member)].object.reset();
     me.holds_object[parity] = false;
   }
+}
+
+const std::vector<LocalGroup::Entry>& LocalGroup::arrive_making(int member, Entry entry, const CollectiveCall& call,
+                                                                Maker make, const void* context,
+                                                                std::shared_ptr<void>& made) {
+  if (failed_.load(std::memory_order_acquire)) throw_failure();
+  const std::uint64_t round = publish_arrival(member, std::move(entry), call);
+  const MakeRequest request{make, context};
+  count_arrival(member, round, call, RoundKind::kOrdinary, &request);
+  forget_round_before(member, round);
+  const std::vector<Entry>& slots = slots_[round & 1];
+  if (tags_disagree(size_, [&](int q) { return slots[static_cast<std::size_t>(q)].tag; })) throw SignatureMismatch();
+  made = made_;  // the next completion, which lets it go, needs this member's next arrival
+  return slots;
 }
 
 const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
@@ -471,6 +495,7 @@ void LocalGroup::reset() {
   for (auto& slots : slots_) {
     for (auto& e : slots) e = Entry{};
   }
+  made_.reset();
   failed_.store(false, std::memory_order_release);
   failure_message_.clear();
   failure_origin_ = -1;
@@ -490,6 +515,7 @@ void LocalGroup::drop_objects() {
       Member& me = members_[static_cast<std::size_t>(m)];
       me.holds_object[0] = me.holds_object[1] = false;
     }
+    if (made_) objects.push_back(std::move(made_));
   }
 }
 

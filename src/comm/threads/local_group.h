@@ -74,6 +74,21 @@ class LocalGroup {
   // the round completed and it goes on as the others do.
   const std::vector<Entry>& arrive(int member, Entry entry, const CollectiveCall& call);
 
+  // Makes what a round hands to every member (see arrive_making). Must not
+  // throw: a failure is returned as null.
+  using Maker = std::shared_ptr<void> (*)(const void* context) noexcept;
+  // As arrive(), and the member whose arrival completes the round calls
+  // make(context) before the others go on; every member gets the result in
+  // `made`. What is made comes after every member's arrival: storage the
+  // members let go just before they came is free again (an output that
+  // member 0 allocated before its arrival could find another member still
+  // holding the last one, and take a second block at any moment). The
+  // group lets go of it once a later counted round completes. If the tags
+  // disagree nothing is made, and every member throws SignatureMismatch
+  // with `made` left as it was.
+  const std::vector<Entry>& arrive_making(int member, Entry entry, const CollectiveCall& call, Maker make,
+                                          const void* context, std::shared_ptr<void>& made);
+
   // A round whose entries are at most kSmallBytes of data each, copied into
   // the group: each member writes its bytes and its arrival into one cache
   // line of its own, and a waiter watches those lines, so that a member
@@ -152,8 +167,14 @@ class LocalGroup {
   // Wakes the members asleep in a round, if `sleepers` (sleepers_ or
   // small_sleepers_) counts any, after an arrival or a completion.
   void wake_sleepers(const std::atomic<int>& sleepers);
-  // Counts the arrival; the last member completes the round, the others wait.
-  void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind);
+  struct MakeRequest {
+    Maker make;
+    const void* context;
+  };
+  // Counts the arrival; the last member completes the round (calling
+  // `make`, if any, first), the others wait.
+  void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind,
+                     const MakeRequest* make = nullptr);
   // `target`: the count of arrivals that completes a counted round.
   void wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind,
                       std::uint64_t target);
@@ -189,6 +210,10 @@ class LocalGroup {
   // all came small): the k-th counted round completes at size * k.
   alignas(64) std::atomic<std::uint64_t> arrivals_{0};
   alignas(64) std::atomic<std::uint64_t> generation_{0};  // rounds completed
+  // What the member that completed the last round of arrive_making made,
+  // in generation_'s line: written by the completer just before it, read by
+  // the members after it, let go by the completer of the next counted round.
+  std::shared_ptr<void> made_;
   alignas(64) std::atomic<bool> failed_{false};
   std::atomic<int> sleepers_{0};
   std::atomic<int> small_sleepers_{0};  // those of sleepers_ in small rounds

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/reduce_kernels.h"
+#include "core/storage.h"
 #include "core/whole_number.h"
 
 #if defined(__SSE2__)
@@ -326,6 +328,54 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
   const auto& entries = group_->arrive(rank_, {.send = published, .recv = recv, .tag = call.signature_tag}, call);
   gather([&](int q) { return entries[static_cast<std::size_t>(q)].send; });
   if (!inline_path && n > 1) group_->release(rank_, call);
+}
+
+std::shared_ptr<std::byte> SharedMemoryCommunicator::all_gather_v_shared(const void* send,
+                                                                         std::span<const std::size_t> counts,
+                                                                         std::size_t outer, DType dtype,
+                                                                         const CollectiveCall& call) {
+  const int n = size();
+  const std::size_t esz = size_of(dtype);
+  const std::size_t largest = *std::max_element(counts.begin(), counts.end()) * outer * esz;
+  // Small contributions keep the one-round path: a shared output needs a
+  // second round (nobody reads it before every block is in), which the
+  // copying path takes anyway.
+  if (n == 1 || !shares_gather(largest)) return Communicator::all_gather_v_shared(send, counts, outer, dtype, call);
+  std::size_t row = 0;     // bytes of one output row
+  std::size_t before = 0;  // bytes of a row ahead of this member's block
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    if (static_cast<int>(q) == rank_) before = row;
+    row += counts[q] * esz;
+  }
+  const std::size_t mine = counts[static_cast<std::size_t>(rank_)] * esz;
+  // The member that completes the data round allocates the output: by then
+  // every member has let go of what it let go before the call, so a loop
+  // that drops its last result first gets the same block back every time.
+  const std::size_t bytes = row * outer;
+  const LocalGroup::Maker allocate = [](const void* size) noexcept -> std::shared_ptr<void> {
+    try {
+      return allocate_shared_storage(*static_cast<const std::size_t*>(size));
+    } catch (...) {
+      return nullptr;
+    }
+  };
+  std::shared_ptr<void> made;
+  group_->arrive_making(rank_, {.tag = call.signature_tag}, call, allocate, &bytes, made);
+  auto out = std::static_pointer_cast<std::byte>(std::move(made));
+  if (!out) {
+    group_->release(rank_, call);  // as every member does: the group stays in step
+    throw std::bad_alloc();
+  }
+  // This member's rows, and only those, into the one output.
+  const bool streaming = bytes >= kStreamBytes;
+  const auto* src = static_cast<const std::byte*>(send);
+  for (std::size_t o = 0; mine > 0 && o < outer; ++o) {
+    std::byte* dst = out.get() + o * row + before;
+    streaming ? stream_copy(dst, src + o * mine, mine) : static_cast<void>(std::memcpy(dst, src + o * mine, mine));
+  }
+  if (streaming) stream_fence();
+  group_->release(rank_, call);  // nobody reads the output before every block is in
+  return out;
 }
 
 void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,

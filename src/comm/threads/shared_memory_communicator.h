@@ -94,6 +94,15 @@ class SharedMemoryCommunicator final : public Communicator {
                       const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                     DType dtype, const CollectiveCall& call) override;
+  // From a contribution of more than kInlineBytes (shares_gather), every
+  // member returns one output, allocated by the member that completes the
+  // data round: each copies its own block into it, where all_gather_v
+  // copies every block into every output.
+  std::shared_ptr<std::byte> all_gather_v_shared(const void* send, std::span<const std::size_t> counts,
+                                                 std::size_t outer, DType dtype, const CollectiveCall& call) override;
+  // Whether all_gather_v_shared shares its output, by the largest member's
+  // contribution in bytes (a group of one never does).
+  static bool shares_gather(std::size_t largest_bytes) { return largest_bytes > LocalGroup::kInlineBytes; }
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
