@@ -50,7 +50,9 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   // workers->rank()); nullptr for a one-worker cluster. Every worker must
   // construct the strategy (it is a collective: the workers check that they
   // run the same number of local replicas and raise InvalidArgumentError on
-  // every worker if not).
+  // every worker if not). A worker whose own arguments or settings are bad
+  // still meets the others: it raises its error, and every other worker the
+  // same kind of error naming it, instead of waiting for it.
   MultiWorkerMirroredStrategy(const std::vector<std::string>& local_devices, std::shared_ptr<Communicator> workers,
                               CommunicationOptions options = {});
   // `local_replicas` replicas on devices CPU:0 ... CPU:local_replicas-1.
@@ -63,8 +65,7 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   int num_workers() const { return num_workers_; }
 
  private:
-  MultiWorkerMirroredStrategy(internal::ClusterSetup setup, CommunicationOptions options);
-  void check_local_replica_counts();
+  explicit MultiWorkerMirroredStrategy(internal::ClusterSetup setup);
 
   std::shared_ptr<Communicator> workers_;
   int worker_rank_;

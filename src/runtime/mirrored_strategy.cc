@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <exception>
+#include <functional>
 #include <thread>
 
 #include "core/recent_answers.h"
+#include "runtime/runtime_util.h"
 
 namespace distribute {
 namespace {
@@ -162,6 +166,7 @@ MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, Comm
 
 namespace internal {
 struct ClusterSetup {
+  CommunicationOptions options;
   std::vector<std::string> devices;
   std::shared_ptr<Communicator> workers;
   int rank = 0;
@@ -169,13 +174,85 @@ struct ClusterSetup {
 };
 
 namespace {
-ClusterSetup make_cluster_setup(const std::vector<std::string>& local_devices, std::shared_ptr<Communicator> workers) {
+// The workers meet once, when they create the strategy: each brings its
+// number of local replicas, or the error that its own checks raised (bad
+// devices, options or settings), so that one worker's bad input fails every
+// worker at once instead of leaving the others waiting for it.
+void meet_the_workers(Communicator& workers, std::size_t local_replicas, const CommunicationOptions& options,
+                      const std::exception_ptr& local_error) {
+  ErrorCode code = ErrorCode::kInternal;
+  std::string payload;
+  if (local_error) {
+    try {
+      std::rethrow_exception(local_error);
+    } catch (const Error& e) {
+      code = e.code();
+      payload = "E" + std::to_string(static_cast<int>(code)) + ":" + e.message();
+    }
+  } else {
+    payload = "R" + std::to_string(local_replicas);
+  }
+  CollectiveCall call;
+  call.op = "MultiWorkerMirroredStrategy()";
+  call.sequence = 0;
+  if (options.timeout && options.timeout->count() > 0) {
+    call.timeout_seconds = options.timeout->count();
+  } else {
+    try {
+      call.timeout_seconds = env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
+    } catch (const Error&) {
+      // Reported as this worker's own error, if it is one (then the options did not set a timeout).
+    }
+  }
+  std::vector<std::string> met;
+  try {
+    met = workers.exchange(std::move(payload), call);
+  } catch (...) {
+    if (local_error) std::rethrow_exception(local_error);  // the cause, rather than its echo
+    throw;
+  }
+  if (local_error) std::rethrow_exception(local_error);
+  std::string list;
+  bool differ = false;
+  for (std::size_t w = 0; w < met.size(); ++w) {
+    const std::string& m = met[w];
+    if (!m.empty() && m[0] == 'E') {
+      const std::size_t colon = m.find(':');
+      const int peer_code = std::atoi(m.substr(1, colon - 1).c_str());
+      throw_error(static_cast<ErrorCode>(peer_code), "MultiWorkerMirroredStrategy: worker " + std::to_string(w) +
+                                                         " could not create its strategy: " + m.substr(colon + 1));
+    }
+    differ |= m != met[0];
+    list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + m.substr(1);
+  }
+  if (differ) {
+    throw InvalidArgumentError(
+        "MultiWorkerMirroredStrategy: every worker must run the same number of local replicas, but they run " + list);
+  }
+}
+
+// `local_devices` gives this worker's devices (it may throw: a bad count).
+ClusterSetup make_cluster_setup(const std::function<std::vector<std::string>()>& local_devices,
+                                std::shared_ptr<Communicator> workers, CommunicationOptions options) {
   ClusterSetup setup;
-  setup.devices = canonical_devices(local_devices);
+  // What the strategy's creation would check, checked before the workers meet.
+  std::exception_ptr local_error;
+  try {
+    setup.devices = canonical_devices(local_devices());
+    options.validate();
+    checked_engine_settings();
+    if (!options.timeout) env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
+    env_seconds("DISTRIBUTE_STALL_WARNING_SECONDS");
+  } catch (const Error&) {
+    local_error = std::current_exception();
+  }
   if (workers != nullptr) {
     setup.rank = workers->rank();
     setup.size = workers->size();
   }
+  if (setup.size > 1) meet_the_workers(*workers, setup.devices.size(), options, local_error);
+  if (local_error) std::rethrow_exception(local_error);
+  setup.options = std::move(options);
   if (setup.size > 1) {
     // TensorFlow's names for the devices of worker task k.
     const std::string local_prefix = "/job:localhost/replica:0/task:0/";
@@ -202,43 +279,21 @@ std::vector<std::string> numbered_cpus(int n) {
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const std::vector<std::string>& local_devices,
                                                          std::shared_ptr<Communicator> workers,
                                                          CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(internal::make_cluster_setup(local_devices, std::move(workers)),
-                                  std::move(options)) {}
+    : MultiWorkerMirroredStrategy(
+          internal::make_cluster_setup([&local_devices] { return local_devices; }, std::move(workers), std::move(options))) {}
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std::shared_ptr<Communicator> workers,
                                                          CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(internal::numbered_cpus(local_replicas), std::move(workers), std::move(options)) {}
+    : MultiWorkerMirroredStrategy(internal::make_cluster_setup(
+          [local_replicas] { return internal::numbered_cpus(local_replicas); }, std::move(workers), std::move(options))) {}
 
-MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup, CommunicationOptions options)
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup)
     : Strategy(setup.devices, static_cast<int>(setup.devices.size()) * setup.size,
-               static_cast<int>(setup.devices.size()) * setup.rank, std::move(options)),
+               static_cast<int>(setup.devices.size()) * setup.rank, std::move(setup.options)),
       workers_(std::move(setup.workers)), worker_rank_(setup.rank), num_workers_(setup.size) {
-  if (workers_ != nullptr) {
-    check_local_replica_counts();
-    set_workers(workers_.get());
-  }
+  if (workers_ != nullptr) set_workers(workers_.get());
 }
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
-
-void MultiWorkerMirroredStrategy::check_local_replica_counts() {
-  const CommunicationOptions& opts = communication_options();
-  CollectiveCall call;
-  call.op = "MultiWorkerMirroredStrategy()";
-  call.sequence = 0;
-  call.timeout_seconds = opts.timeout && opts.timeout->count() > 0 ? opts.timeout->count() : 0;
-  const std::vector<std::string> counts = workers_->exchange(std::to_string(num_local_replicas()), call);
-  bool differ = false;
-  std::string list;
-  for (std::size_t w = 0; w < counts.size(); ++w) {
-    differ |= counts[w] != counts[0];
-    list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + counts[w];
-  }
-  if (differ) {
-    throw InvalidArgumentError(
-        "MultiWorkerMirroredStrategy: every worker must run the same number of local replicas, but they run " +
-        list);
-  }
-}
 
 }  // namespace distribute

@@ -29,6 +29,11 @@ void forget_agreed_worker_error();
 bool take_agreed_worker_error(const std::exception_ptr& e);
 // A non-negative number of seconds from the environment; 0 when unset.
 double env_seconds(const char* name);
+// Checks the engine's settings that a strategy's creation checks
+// (DISTRIBUTE_STREAM_ALL_REDUCE_BYTES, DISTRIBUTE_SPIN_MICROSECONDS,
+// DISTRIBUTE_STORAGE_CACHE_BYTES): InvalidArgumentError naming a bad one.
+// Returns the all_reduce stream threshold.
+std::size_t checked_engine_settings();
 
 // The CollectiveCall for the next collective of this replica.
 CollectiveCall next_call(ReplicaChannel& channel, std::string_view op, const CommunicationOptions& options);

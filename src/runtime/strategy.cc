@@ -113,6 +113,15 @@ double env_seconds(const char* name) {
   return v;
 }
 
+std::size_t checked_engine_settings() {
+  const std::size_t stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+  // Read elsewhere (each LocalGroup, the process's storage cache), checked
+  // here so that a bad setting fails the strategy's creation.
+  env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds", std::numeric_limits<int>::max());
+  env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
+  return stream_bytes;
+}
+
 void check_components(std::size_t given, const Strategy& s, std::string_view what) {
   if (given != static_cast<std::size_t>(s.num_local_replicas())) {
     throw InvalidArgumentError(std::string(what) + ": a distributed value has " + std::to_string(given) +
@@ -248,15 +257,8 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
     : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
       first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
   options_.validate();
-  std::size_t stream_bytes = internal::SharedMemoryCommunicator::kNeverStream;
-  if (checks_settings) {
-    stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
-    // Read elsewhere (each LocalGroup, the process's storage cache), checked
-    // here so that a bad setting fails the strategy's creation.
-    internal::env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds",
-                               std::numeric_limits<int>::max());
-    internal::env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
-  }
+  const std::size_t stream_bytes =
+      checks_settings ? internal::checked_engine_settings() : internal::SharedMemoryCommunicator::kNeverStream;
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);

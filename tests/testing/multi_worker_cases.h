@@ -479,6 +479,38 @@ inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
   EXPECT_NE(message.find("same number of local replicas"), std::string::npos) << message;
 }
 
+// A worker whose own arguments are bad (no local replica; a negative
+// bytes_per_pack) still meets the others when the strategy is created: it
+// raises its error, and every other worker the same kind of error naming
+// it, at once rather than at the timeout. The workers can go on.
+inline void AWorkerWithBadArgumentsFailsEveryWorkerAtOnce(const WorkerEnv& env) {
+  if (env.workers < 2) return;
+  const int culprit = env.workers - 1;
+  for (const bool bad_options : {false, true}) {
+    CommunicationOptions options;
+    options.timeout = kTestTimeout;
+    int local = env.local_replicas;
+    if (env.worker == culprit && bad_options) options.bytes_per_pack = -1;
+    if (env.worker == culprit && !bad_options) local = 0;
+    std::string message;
+    const auto start = std::chrono::steady_clock::now();
+    const std::string kind = error_kind([&] { env.make(local, options); }, &message);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(kind, "InvalidArgumentError") << message;
+    EXPECT_NE(message.find(bad_options ? "bytes_per_pack" : "at least one local replica"), std::string::npos)
+        << message;
+    if (env.worker != culprit) {
+      EXPECT_NE(message.find("worker " + std::to_string(culprit) + " could not create its strategy"),
+                std::string::npos)
+          << message;
+    }
+    EXPECT_LT(seconds, 5.0) << message;
+  }
+  // Nothing was left in flight: the next creation meets as usual.
+  auto s = env.strategy();
+  EXPECT_EQ(s->num_replicas_in_sync(), env.replicas());
+}
+
 // Variables: every worker starts from worker 0's initial value, replica
 // writes aggregate over every worker's replicas, and a SyncOnReadVariable's
 // cross-replica read reduces across workers.
@@ -719,6 +751,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(ReplicaThrowsAbortsEveryWorker)             \
   X(LateWorkerTimesOutEverywhere)               \
   X(UnequalLocalReplicaCountsAreRejected)      \
+  X(AWorkerWithBadArgumentsFailsEveryWorkerAtOnce) \
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
   X(OptimizerStepsMatchTheSingleProcessStrategy)  \
   X(DatasetsSplitAcrossWorkersAndEndTogether)   \
