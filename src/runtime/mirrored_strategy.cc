@@ -3,7 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
+#include <charconv>
 #include <exception>
 #include <functional>
 #include <thread>
@@ -180,14 +180,14 @@ namespace {
 // worker at once instead of leaving the others waiting for it.
 void meet_the_workers(Communicator& workers, std::size_t local_replicas, const CommunicationOptions& options,
                       const std::exception_ptr& local_error) {
-  ErrorCode code = ErrorCode::kInternal;
   std::string payload;
   if (local_error) {
     try {
       std::rethrow_exception(local_error);
     } catch (const Error& e) {
-      code = e.code();
-      payload = "E" + std::to_string(static_cast<int>(code)) + ":" + e.message();
+      payload = "E" + std::to_string(static_cast<int>(e.code())) + ":" + e.message();
+    } catch (...) {  // not one of ours (std::bad_alloc, ...): an internal error to the others
+      payload = "E" + std::to_string(static_cast<int>(ErrorCode::kInternal)) + ":" + describe_exception(local_error);
     }
   } else {
     payload = "R" + std::to_string(local_replicas);
@@ -195,13 +195,14 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
   CollectiveCall call;
   call.op = "MultiWorkerMirroredStrategy()";
   call.sequence = 0;
-  if (options.timeout && options.timeout->count() > 0) {
-    call.timeout_seconds = options.timeout->count();
+  if (options.timeout) {
+    call.timeout_seconds = std::max(0.0, options.timeout->count());  // 0: wait for ever, as the options say
   } else {
     try {
       call.timeout_seconds = env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     } catch (const Error&) {
-      // Reported as this worker's own error, if it is one (then the options did not set a timeout).
+      // This worker's own error (the options set no timeout): it waits for
+      // the others without one, then raises it.
     }
   }
   std::vector<std::string> met;
@@ -217,10 +218,13 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
   for (std::size_t w = 0; w < met.size(); ++w) {
     const std::string& m = met[w];
     if (!m.empty() && m[0] == 'E') {
+      // "E<code>:<message>"; the message may hold colons of its own.
       const std::size_t colon = m.find(':');
-      const int peer_code = std::atoi(m.substr(1, colon - 1).c_str());
-      throw_error(static_cast<ErrorCode>(peer_code), "MultiWorkerMirroredStrategy: worker " + std::to_string(w) +
-                                                         " could not create its strategy: " + m.substr(colon + 1));
+      int peer_code = static_cast<int>(ErrorCode::kInternal);
+      if (colon != std::string::npos) std::from_chars(m.data() + 1, m.data() + colon, peer_code);
+      throw_error(static_cast<ErrorCode>(peer_code),
+                  "MultiWorkerMirroredStrategy: worker " + std::to_string(w) +
+                      " could not create its strategy: " + (colon == std::string::npos ? m : m.substr(colon + 1)));
     }
     differ |= m != met[0];
     list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + m.substr(1);
@@ -243,7 +247,7 @@ ClusterSetup make_cluster_setup(const std::function<std::vector<std::string>()>&
     checked_engine_settings();
     if (!options.timeout) env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     env_seconds("DISTRIBUTE_STALL_WARNING_SECONDS");
-  } catch (const Error&) {
+  } catch (...) {
     local_error = std::current_exception();
   }
   if (workers != nullptr) {
