@@ -99,6 +99,44 @@ TEST_P(HierarchicalTest, AllGatherVLaysOutRowsInRankOrder) {
   });
 }
 
+// The shared form: the same layout, small and large, and the replicas of a
+// worker hold one output.
+TEST_P(HierarchicalTest, AllGatherVSharedLaysOutRowsInRankOrderAndSharesAWorkersOutput) {
+  for (const std::size_t scale : {std::size_t{1}, std::size_t{3000}}) {
+    const std::size_t outer = 2;
+    std::vector<std::size_t> counts;
+    for (int r = 0; r < cluster.size(); ++r) counts.push_back(static_cast<std::size_t>(r % 3) * scale);
+    const std::size_t row = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(cluster.size()));
+    cluster.run([&](int r, Communicator& c) {
+      const std::size_t mine = counts[static_cast<std::size_t>(r)];
+      std::vector<std::int32_t> send(outer * mine);
+      for (std::size_t o = 0; o < outer; ++o) {
+        for (std::size_t k = 0; k < mine; ++k) send[o * mine + k] = static_cast<std::int32_t>(100000 * o + 10000 * r + k);
+      }
+      out[static_cast<std::size_t>(r)] = c.all_gather_v_shared(send.data(), counts, outer, DType::kInt32, call);
+      const auto* got = reinterpret_cast<const std::int32_t*>(out[static_cast<std::size_t>(r)].get());
+      std::size_t at = 0;
+      for (std::size_t o = 0; o < outer; ++o) {
+        for (int q = 0; q < cluster.size(); ++q) {
+          for (std::size_t k = 0; k < counts[static_cast<std::size_t>(q)]; ++k, ++at) {
+            if (got[at] != static_cast<std::int32_t>(100000 * o + 10000 * q + k)) {
+              FAIL() << "rank " << r << " outer " << o << " from " << q << " k " << k << ": " << got[at];
+            }
+          }
+        }
+      }
+      EXPECT_EQ(at, outer * row);
+    });
+    for (int r = 0; r < cluster.size(); ++r) {
+      const int leader = r / cluster.local * cluster.local;
+      if (cluster.local > 1) {
+        EXPECT_EQ(out[static_cast<std::size_t>(r)], out[static_cast<std::size_t>(leader)]) << r;
+      }
+    }
+  }
+}
+
 TEST_P(HierarchicalTest, BroadcastFromEveryRoot) {
   for (int root = 0; root < cluster.size(); ++root) {
     for (std::size_t count : {std::size_t{5}, std::size_t{20000}}) {
@@ -119,7 +157,9 @@ TEST_P(HierarchicalTest, BarrierThenMoreRounds) {
   });
 }
 
-// A member whose tag differs: every member of every worker gets SignatureMismatch.
+// A member whose tag differs: every member of every worker gets
+// SignatureMismatch, in an all_reduce and in a shared all_gather (small and
+// past the local engine's sharing threshold).
 void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
   std::vector<int> mismatches(static_cast<std::size_t>(cluster.size()), 0);
   cluster.run([&](int r, Communicator& c) {
@@ -129,7 +169,16 @@ void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
     try {
       c.all_reduce(&v, &v, 1, DType::kFloat32, ReduceOp::kSum, call);
     } catch (const SignatureMismatch&) {
-      mismatches[static_cast<std::size_t>(r)] = 1;
+      ++mismatches[static_cast<std::size_t>(r)];
+    }
+    for (const std::size_t count : {std::size_t{2}, std::size_t{3000}}) {
+      const std::vector<std::size_t> counts(static_cast<std::size_t>(cluster.size()), count);
+      const std::vector<float> send(count, 1.f);
+      try {
+        c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
+      } catch (const SignatureMismatch&) {
+        ++mismatches[static_cast<std::size_t>(r)];
+      }
     }
     // The group goes on: an untagged collective after the mismatch works.
     call.signature_tag = 0;
@@ -137,7 +186,7 @@ void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
     c.all_reduce(&one, &sum, 1, DType::kFloat32, ReduceOp::kSum, call);
     EXPECT_EQ(sum, static_cast<float>(cluster.size()));
   });
-  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 1) << "rank " << r;
+  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 3) << "rank " << r;
 }
 
 TEST_P(HierarchicalTest, MismatchOnTheLastRankReachesEveryone) {

@@ -167,6 +167,40 @@ void HierarchicalCommunicator::all_gather_v(const void* send, void* recv, std::s
   local_comm_.broadcast(recv, total, dtype, 0, fan_out_call(call, mismatch));
 }
 
+std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const void* send,
+                                                                         std::span<const std::size_t> counts,
+                                                                         std::size_t outer, DType dtype,
+                                                                         const CollectiveCall& call) {
+  if (local_size_ == 1) return workers_->all_gather_v_shared(send, counts, outer, dtype, call);
+  const auto L = static_cast<std::size_t>(local_size_);
+  const std::size_t workers = counts.size() / L;
+  const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
+  // This worker's block, which only the leader reads: each replica copies its own rows in once.
+  std::shared_ptr<std::byte> block;
+  try {
+    block = local_comm_.all_gather_v_shared(send, local_counts, outer, dtype, call);
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  std::shared_ptr<std::byte> out;
+  bool mismatch = false;
+  if (leader()) {
+    mismatch = run_cross([&] {
+      std::vector<std::size_t> per_worker(workers);
+      for (std::size_t w = 0; w < workers; ++w) {
+        per_worker[w] = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(w * L),
+                                        counts.begin() + static_cast<std::ptrdiff_t>((w + 1) * L), std::size_t{0});
+      }
+      const std::size_t total = outer * std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+      out = allocate_shared_storage(total * size_of(dtype));
+      workers_->all_gather_v(block.get(), out.get(), per_worker, outer, dtype, call);
+    });
+  }
+  // The fan-out: the leader's output itself, with its verdict on the cross step as a tag.
+  const auto& entries = local_->arrive(local_id_, {.object = out, .tag = mismatch ? 1u : 0u}, fan_out_call(call, false));
+  return std::static_pointer_cast<std::byte>(entries[0].object);
+}
+
 void HierarchicalCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
                                          const CollectiveCall& call) {
   if (local_size_ == 1) {
