@@ -32,6 +32,18 @@ std::vector<std::string> decode_payload_list(std::string_view bytes) {
   return out;
 }
 
+namespace {
+// Each worker's element count: the sum of its `local` replicas' counts.
+std::vector<std::size_t> per_worker_counts(std::span<const std::size_t> counts, std::size_t local) {
+  std::vector<std::size_t> per_worker(counts.size() / local);
+  for (std::size_t w = 0; w < per_worker.size(); ++w) {
+    per_worker[w] = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(w * local),
+                                    counts.begin() + static_cast<std::ptrdiff_t>((w + 1) * local), std::size_t{0});
+  }
+  return per_worker;
+}
+}  // namespace
+
 HierarchicalCommunicator::HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id,
                                                    Communicator* workers, std::size_t all_reduce_stream_bytes)
     : local_(std::move(local)), local_id_(local_id), local_size_(local_->size()), workers_(workers),
@@ -142,7 +154,6 @@ void HierarchicalCommunicator::all_gather_v(const void* send, void* recv, std::s
     return;
   }
   const auto L = static_cast<std::size_t>(local_size_);
-  const std::size_t workers = counts.size() / L;
   const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
   // This worker's block: `outer` rows, each its replicas' rows in order.
   const std::size_t block_elements = outer * std::accumulate(local_counts.begin(), local_counts.end(), std::size_t{0});
@@ -155,11 +166,7 @@ void HierarchicalCommunicator::all_gather_v(const void* send, void* recv, std::s
   bool mismatch = false;
   if (leader()) {
     mismatch = run_cross([&] {
-      std::vector<std::size_t> per_worker(workers);
-      for (std::size_t w = 0; w < workers; ++w) {
-        per_worker[w] = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(w * L),
-                                        counts.begin() + static_cast<std::ptrdiff_t>((w + 1) * L), std::size_t{0});
-      }
+      const std::vector<std::size_t> per_worker = per_worker_counts(counts, L);
       workers_->all_gather_v(block.get(), recv, per_worker, outer, dtype, call);
     });
   }
@@ -173,7 +180,6 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const v
                                                                          const CollectiveCall& call) {
   if (local_size_ == 1) return workers_->all_gather_v_shared(send, counts, outer, dtype, call);
   const auto L = static_cast<std::size_t>(local_size_);
-  const std::size_t workers = counts.size() / L;
   const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
   // This worker's block, which only the leader reads: each replica copies its own rows in once.
   std::shared_ptr<std::byte> block;
@@ -186,11 +192,7 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const v
   bool mismatch = false;
   if (leader()) {
     mismatch = run_cross([&] {
-      std::vector<std::size_t> per_worker(workers);
-      for (std::size_t w = 0; w < workers; ++w) {
-        per_worker[w] = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(w * L),
-                                        counts.begin() + static_cast<std::ptrdiff_t>((w + 1) * L), std::size_t{0});
-      }
+      const std::vector<std::size_t> per_worker = per_worker_counts(counts, L);
       const std::size_t total = outer * std::accumulate(counts.begin(), counts.end(), std::size_t{0});
       out = allocate_shared_storage(total * size_of(dtype));
       workers_->all_gather_v(block.get(), out.get(), per_worker, outer, dtype, call);
