@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <numeric>
 
+#include "core/storage.h"
 #include "testing/threads.h"
 
 namespace distribute::internal {
@@ -102,7 +104,7 @@ TEST_P(HierarchicalTest, AllGatherVLaysOutRowsInRankOrder) {
 // The shared form: the same layout, small and large, and the replicas of a
 // worker hold one output.
 TEST_P(HierarchicalTest, AllGatherVSharedLaysOutRowsInRankOrderAndSharesAWorkersOutput) {
-  for (const std::size_t scale : {std::size_t{1}, std::size_t{3000}}) {
+  for (const std::size_t scale : {std::size_t{1}, std::size_t{100}, std::size_t{3000}}) {
     const std::size_t outer = 2;
     std::vector<std::size_t> counts;
     for (int r = 0; r < cluster.size(); ++r) counts.push_back(static_cast<std::size_t>(r % 3) * scale);
@@ -128,13 +130,47 @@ TEST_P(HierarchicalTest, AllGatherVSharedLaysOutRowsInRankOrderAndSharesAWorkers
       }
       EXPECT_EQ(at, outer * row);
     });
+    // Shared within a worker past 4 KiB of contribution (2 x 2 x 3000 int32), never across workers.
+    const bool shared = cluster.local > 1 && scale == 3000;
     for (int r = 0; r < cluster.size(); ++r) {
       const int leader = r / cluster.local * cluster.local;
-      if (cluster.local > 1) {
-        EXPECT_EQ(out[static_cast<std::size_t>(r)], out[static_cast<std::size_t>(leader)]) << r;
+      if (r != leader) {
+        EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[static_cast<std::size_t>(leader)], shared) << r;
+      }
+      if (r >= cluster.local) {
+        EXPECT_NE(out[static_cast<std::size_t>(r)], out[0]) << r;
       }
     }
   }
+}
+
+// A loop that lets go of its last result before the next gather, as a
+// training step does, takes no fresh storage once warm: the worker's shared
+// block and output come back from the cache every step.
+TEST_P(HierarchicalTest, AllGatherVSharedTakesNoFreshStorageOnceWarm) {
+  const std::size_t count = 5000;
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(cluster.size()), count);
+  std::atomic<std::uint64_t> fresh_warm{0};
+  cluster.run([&](int r, Communicator& c) {
+    const std::vector<float> send(count, static_cast<float>(r));
+    std::shared_ptr<std::byte> out;
+    for (int step = 0; step < 20; ++step) {
+      out.reset();
+      out = c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
+      if (step == 2) {
+        c.barrier(call);  // every member past step 2 before the count is read
+        if (r == 0) fresh_warm = storage_stats().fresh_blocks;
+        c.barrier(call);
+      }
+    }
+    EXPECT_EQ(reinterpret_cast<const float*>(out.get())[count * static_cast<std::size_t>(cluster.size()) - 1],
+              static_cast<float>(cluster.size() - 1));
+    out.reset();
+    c.barrier(call);
+    if (r == 0) {
+      EXPECT_EQ(storage_stats().fresh_blocks, fresh_warm.load());
+    }
+  });
 }
 
 TEST_P(HierarchicalTest, BroadcastFromEveryRoot) {
@@ -213,6 +249,27 @@ TEST_P(HierarchicalTest, AbortReachesEveryWorker) {
       EXPECT_NE(e.message().find("gave up"), std::string::npos) << e.message();
     }
   });
+}
+
+// The same in a shared gather, small and large: nobody waits for ever.
+TEST_P(HierarchicalTest, AbortReachesEveryWorkerInASharedGather) {
+  for (const std::size_t count : {std::size_t{3}, std::size_t{3000}}) {
+    Cluster fresh(cluster.workers, cluster.local);
+    fresh.run([&](int r, Communicator& c) {
+      if (r == fresh.size() - 1) {
+        c.abort(ErrorCode::kAborted, "member " + std::to_string(r) + " gave up", r);
+        return;
+      }
+      const std::vector<std::size_t> counts(static_cast<std::size_t>(fresh.size()), count);
+      const std::vector<float> send(count, 1.f);
+      try {
+        c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
+        ADD_FAILURE() << "rank " << r << " finished a gather the last rank never joined";
+      } catch (const AbortedError& e) {
+        EXPECT_NE(e.message().find("gave up"), std::string::npos) << e.message();
+      }
+    });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalTest,

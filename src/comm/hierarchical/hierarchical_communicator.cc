@@ -1,5 +1,6 @@
 #include "comm/hierarchical/hierarchical_communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -178,9 +179,16 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const v
                                                                          std::span<const std::size_t> counts,
                                                                          std::size_t outer, DType dtype,
                                                                          const CollectiveCall& call) {
-  if (local_size_ == 1) return workers_->all_gather_v_shared(send, counts, outer, dtype, call);
   const auto L = static_cast<std::size_t>(local_size_);
   const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
+  // As the threads engine: shared from a contribution of over 4 KiB (below,
+  // the small rounds and the thread's own storage cache are faster); every
+  // member decides alike, the counts being agreed. One replica per worker:
+  // an output of its own, as MPI gives.
+  const std::size_t largest = outer * size_of(dtype) * *std::max_element(counts.begin(), counts.end());
+  if (local_size_ == 1 || !SharedMemoryCommunicator::shares_gather(largest)) {
+    return Communicator::all_gather_v_shared(send, counts, outer, dtype, call);
+  }
   // This worker's block, which only the leader reads: each replica copies its own rows in once.
   std::shared_ptr<std::byte> block;
   try {
@@ -199,7 +207,8 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const v
     });
   }
   // The fan-out: the leader's output itself, with its verdict on the cross step as a tag.
-  const auto& entries = local_->arrive(local_id_, {.object = out, .tag = mismatch ? 1u : 0u}, fan_out_call(call, false));
+  const auto& entries = local_->arrive(local_id_, {.object = mismatch ? nullptr : out, .tag = mismatch ? 1u : 0u},
+                                       fan_out_call(call, false));
   return std::static_pointer_cast<std::byte>(entries[0].object);
 }
 

@@ -10,7 +10,8 @@
 //              with the leaders of the other workers, through `workers` (one
 //              member per worker: MPI in production, threads in tests);
 //   3. fan-out: the leader's result is copied to the other local replicas
-//              (all_gather_v_shared hands them the leader's output instead).
+//              (all_gather_v_shared hands them the leader's output instead,
+//              from a contribution of over 4 KiB).
 // With one local replica, steps 1 and 3 vanish and calls go straight to
 // `workers`.
 //
@@ -56,10 +57,11 @@ class HierarchicalCommunicator final : public Communicator {
                   const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                     DType dtype, const CollectiveCall& call) override;
-  // The worker's replicas share one output: the local step gathers into one
+  // From a contribution of over 4 KiB with several local replicas, the
+  // worker's replicas share one output: the local step gathers into one
   // shared block, the leader gathers the workers' blocks into an output of
   // its own, and the fan-out hands that output to the local replicas instead
-  // of copying it into each.
+  // of copying it into each. Otherwise each gets its own (all_gather_v).
   std::shared_ptr<std::byte> all_gather_v_shared(const void* send, std::span<const std::size_t> counts,
                                                  std::size_t outer, DType dtype, const CollectiveCall& call) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
