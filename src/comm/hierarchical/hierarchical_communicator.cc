@@ -179,8 +179,6 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const v
                                                                          std::span<const std::size_t> counts,
                                                                          std::size_t outer, DType dtype,
                                                                          const CollectiveCall& call) {
-  const auto L = static_cast<std::size_t>(local_size_);
-  const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
   // As the threads engine: shared from a contribution of over 4 KiB (below,
   // the small rounds and the thread's own storage cache are faster); every
   // member decides alike, the counts being agreed. One replica per worker:
@@ -189,6 +187,8 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const v
   if (local_size_ == 1 || !SharedMemoryCommunicator::shares_gather(largest)) {
     return Communicator::all_gather_v_shared(send, counts, outer, dtype, call);
   }
+  const auto L = static_cast<std::size_t>(local_size_);
+  const std::span<const std::size_t> local_counts = counts.subspan(static_cast<std::size_t>(workers_->rank()) * L, L);
   // This worker's block, which only the leader reads: each replica copies its own rows in once.
   std::shared_ptr<std::byte> block;
   try {

@@ -234,21 +234,21 @@ void LocalGroup::forget_round_before(int member, std::uint64_t round) {
 const std::vector<LocalGroup::Entry>& LocalGroup::arrive_making(int member, Entry entry, const CollectiveCall& call,
                                                                 Maker make, const void* context,
                                                                 std::shared_ptr<void>& made) {
-  if (failed_.load(std::memory_order_acquire)) throw_failure();
-  const std::uint64_t round = publish_arrival(member, std::move(entry), call);
   const MakeRequest request{make, context};
-  count_arrival(member, round, call, RoundKind::kOrdinary, &request);
-  forget_round_before(member, round);
-  const std::vector<Entry>& slots = slots_[round & 1];
-  if (tags_disagree(size_, [&](int q) { return slots[static_cast<std::size_t>(q)].tag; })) throw SignatureMismatch();
+  const std::vector<Entry>& slots = arrive_counted(member, std::move(entry), call, &request);
   made = made_;  // the next completion, which lets it go, needs this member's next arrival
   return slots;
 }
 
 const std::vector<LocalGroup::Entry>& LocalGroup::arrive(int member, Entry entry, const CollectiveCall& call) {
+  return arrive_counted(member, std::move(entry), call, nullptr);
+}
+
+const std::vector<LocalGroup::Entry>& LocalGroup::arrive_counted(int member, Entry entry, const CollectiveCall& call,
+                                                                 const MakeRequest* make) {
   if (failed_.load(std::memory_order_acquire)) throw_failure();
   const std::uint64_t round = publish_arrival(member, std::move(entry), call);
-  count_arrival(member, round, call, RoundKind::kOrdinary);
+  count_arrival(member, round, call, RoundKind::kOrdinary, make);
   forget_round_before(member, round);
   // The signature tags of a collective's first round must all agree.
   const std::vector<Entry>& slots = slots_[round & 1];

@@ -171,6 +171,9 @@ class LocalGroup {
     Maker make;
     const void* context;
   };
+  // arrive(), and arrive_making() with `make`.
+  const std::vector<Entry>& arrive_counted(int member, Entry entry, const CollectiveCall& call,
+                                           const MakeRequest* make);
   // Counts the arrival; the last member completes the round (calling
   // `make`, if any, first), the others wait.
   void count_arrival(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind,
