@@ -80,6 +80,15 @@ class Communicator {
   };
   virtual void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                    const CollectiveCall& call, std::int64_t mean_divisor = 0);
+  // all_reduce_segments into storage of the call's own, which this rank must
+  // only read (the segments' recv are not used): returns the concatenation
+  // of every segment's result, null for no elements. Ranks that share an
+  // address space may all be given the same storage (the in-process backend
+  // does above 1 KiB), so that each element of the result is written once
+  // instead of once per rank. The default allocates one block per rank and
+  // calls all_reduce (one segment) or all_reduce_segments.
+  virtual std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                                       const CollectiveCall& call, std::int64_t mean_divisor = 0);
   // Every rank passes the same counts and a send buffer of their sum; rank r
   // receives counts[r] elements: op over every rank's send, combined in rank
   // order, of the block that starts at counts[0] + ... + counts[r-1] (MEAN

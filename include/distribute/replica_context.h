@@ -65,6 +65,8 @@ class ReplicaContext {
   // Every replica gets op over all replicas' values. Structure, dtypes and
   // shapes must match on every replica. A nest is packed per dtype into
   // buffers of about options.bytes_per_pack bytes: one collective per pack.
+  // Results are read-only (the replicas of a process may share one; clone()
+  // to write).
   Tensor all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options = {});
   std::vector<Tensor> all_reduce(ReduceOp op, const std::vector<Tensor>& value,
                                  const CommunicationOptions& options = {});

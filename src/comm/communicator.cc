@@ -1,6 +1,7 @@
 #include "distribute/communicator.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/storage.h"
 
@@ -40,6 +41,27 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::span<const 
   all_reduce(send, block.get(), total, dtype, op, call, mean_divisor);
   const std::size_t mine = counts[static_cast<std::size_t>(rank())] * esz;
   if (mine) std::memcpy(recv, block.get() + offset * esz, mine);
+}
+
+std::shared_ptr<std::byte> Communicator::all_reduce_shared(std::span<const Segment> segments, DType dtype,
+                                                           ReduceOp op, const CollectiveCall& call,
+                                                           std::int64_t mean_divisor) {
+  const std::size_t esz = size_of(dtype);
+  std::size_t total = 0;
+  for (const Segment& s : segments) total += s.count;
+  std::shared_ptr<std::byte> out = internal::allocate_storage(total * esz);
+  if (segments.size() == 1) {
+    all_reduce(segments[0].send, out.get(), total, dtype, op, call, mean_divisor);
+    return out;
+  }
+  std::vector<Segment> into(segments.begin(), segments.end());
+  std::size_t at = 0;
+  for (Segment& s : into) {
+    s.recv = out.get() + at;
+    at += s.count * esz;
+  }
+  all_reduce_segments(into, dtype, op, call, mean_divisor);
+  return out;
 }
 
 std::shared_ptr<std::byte> Communicator::all_gather_v_shared(const void* send, std::span<const std::size_t> counts,

@@ -144,7 +144,7 @@ void Tensor::throw_read_only() const {
   throw FailedPreconditionError("Tensor " + std::string(to_string(dtype_)) + " " + shape_.to_string() + " on " +
                                 *device_ +
                                 " is read-only (its storage is shared with values that must not change, such as the other "
-                                "replicas' all_gather results): clone() it to write");
+                                "replicas' all_reduce and all_gather results): clone() it to write");
 }
 
 Tensor Tensor::as_read_only() const& { return Tensor(*this).as_read_only(); }

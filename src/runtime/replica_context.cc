@@ -119,14 +119,25 @@ int first_replica_of_group(const ReplicaContext& ctx) {
   return ctx.replica_id_in_sync_group() - ctx.channel().comm->rank();
 }
 
-// A lone value reduced straight into a fresh output: no staging copy.
-Tensor reduce_lone_value(ReplicaChannel& ch, const Tensor& value, ReduceOp op, const CollectiveCall& call,
-                         const std::string& device) {
-  Tensor result = Tensor::uninitialized(value.dtype(), value.shape(), device);
-  ch.comm->all_reduce(value.raw_data(), result.mutable_raw_data(), static_cast<std::size_t>(value.num_elements()),
-                      value.dtype(), op, call);
+// Values of one dtype (a pack, or a lone value), reduced straight from the
+// values into one output, with no staging copy; the replicas of this process
+// may share it (all_reduce_shared), so results are read-only views into it.
+std::shared_ptr<std::byte> reduce_segments(ReplicaChannel& ch, std::span<const Communicator::Segment> segments,
+                                           DType dtype, ReduceOp op, const CollectiveCall& call) {
+  std::shared_ptr<std::byte> result = ch.comm->all_reduce_shared(segments, dtype, op, call);
   ++ch.data_calls;
   return result;
+}
+
+// The result for `value`, `offset` bytes into a reduced output.
+Tensor result_view(const std::shared_ptr<std::byte>& result, std::size_t offset, const Tensor& value,
+                   const std::string& device) {
+  std::shared_ptr<std::byte> view = value.nbytes() ? std::shared_ptr<std::byte>(result, result.get() + offset) : nullptr;
+  return Tensor::from_shared(std::move(view), value.dtype(), value.shape(), device).as_read_only();
+}
+
+Communicator::Segment segment_of(const Tensor& value) {
+  return {.send = value.raw_data(), .count = static_cast<std::size_t>(value.num_elements())};
 }
 
 // Reduces `leaves` (already agreed on) pack by pack.
@@ -137,31 +148,15 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
   std::vector<Tensor> out(leaves.size());
   const std::vector<internal::Pack> packs = internal::plan_packs(leaves, bytes_per_pack);
   if (packs.empty()) ch.comm->barrier(call);  // nothing to move, but the signature must still agree
+  std::vector<Communicator::Segment> segments;
   for (const internal::Pack& pack : packs) {
-    const std::size_t esz = size_of(pack.dtype);
-    if (pack.leaves.size() == 1) {
-      out[pack.leaves[0]] = reduce_lone_value(ch, leaves[pack.leaves[0]], op, call, device);
-      call.signature_tag = 0;
-      continue;
-    }
-    // The pack is reduced straight from the values into one output buffer
-    // (no staging copy); each result is a view into that buffer.
-    std::shared_ptr<std::byte> result = internal::allocate_storage(pack.count * esz);
-    std::vector<Communicator::Segment> segments;
-    segments.reserve(pack.leaves.size());
+    segments.clear();
+    for (std::size_t i : pack.leaves) segments.push_back(segment_of(leaves[i]));
+    const std::shared_ptr<std::byte> result = reduce_segments(ch, segments, pack.dtype, op, call);
+    call.signature_tag = 0;
     std::size_t offset = 0;
     for (std::size_t i : pack.leaves) {
-      segments.push_back({leaves[i].raw_data(), result.get() + offset, static_cast<std::size_t>(leaves[i].num_elements())});
-      offset += leaves[i].nbytes();
-    }
-    ch.comm->all_reduce_segments(segments, pack.dtype, op, call);
-    call.signature_tag = 0;
-    ++ch.data_calls;
-    offset = 0;
-    for (std::size_t i : pack.leaves) {
-      std::shared_ptr<std::byte> view(result, result.get() + offset);
-      out[i] = Tensor::from_shared(leaves[i].nbytes() ? std::move(view) : nullptr, leaves[i].dtype(),
-                                   leaves[i].shape(), device);
+      out[i] = result_view(result, offset, leaves[i], device);
       offset += leaves[i].nbytes();
     }
   }
@@ -253,7 +248,8 @@ Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const Commun
   ReplicaChannel& ch = *channel_;
   call.signature_tag = all_reduce_tag(sig, op, leaf_structure(), {&value, 1}, opts.bytes_per_pack);
   try {
-    return reduce_lone_value(ch, value, op, call, /*device=*/{});
+    const Communicator::Segment whole = segment_of(value);
+    return result_view(reduce_segments(ch, {&whole, 1}, value.dtype(), op, call), 0, value, /*device=*/{});
   } catch (const internal::SignatureMismatch&) {
     const Nest<Tensor> nest(value);
     describe_all_reduce(sig, op, nest, {&value, 1}, opts.bytes_per_pack);
@@ -311,7 +307,8 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
     internal::reduce_sources(values.mutable_raw_data(), src, static_cast<std::size_t>(values.num_elements()),
                              values.dtype(), ReduceOp::kMean, num_replicas_in_sync());
   }
-  return IndexedSlices(std::move(values), std::move(indices), value.dense_shape());
+  // Read-only as every all_reduce result, though each replica's own here.
+  return IndexedSlices(std::move(values).as_read_only(), std::move(indices).as_read_only(), value.dense_shape());
 }
 
 // ---- all_gather ----------------------------------------------------------------

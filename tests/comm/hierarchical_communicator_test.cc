@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <numeric>
 
 #include "core/storage.h"
@@ -75,6 +76,55 @@ TEST_P(HierarchicalTest, AllReduceSumsEveryRank) {
         EXPECT_EQ(recv[k], 1000.0 * (n - 1) / 2 + static_cast<double>(k % 7)) << k;
       }
     });
+  }
+}
+
+// The shared form, small and large, one value or a pack of two: a float
+// MEAN (local sums, one division across the workers), an int32 SUM, and an
+// int32 MEAN (exact: gathered, and never shared). Above 1 KiB the replicas
+// of a worker hold one output, never the replicas of two workers.
+TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput) {
+  const int n = cluster.size();
+  for (const std::size_t count : {std::size_t{3}, std::size_t{100000}}) {
+    for (const auto& [dtype, op] : {std::pair{DType::kFloat64, ReduceOp::kMean}, std::pair{DType::kInt32, ReduceOp::kSum},
+                                   std::pair{DType::kInt32, ReduceOp::kMean}}) {
+      SCOPED_TRACE(std::to_string(count) + " " + std::string(to_string(dtype)) + " " + std::string(to_string(op)));
+      std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(n));
+      cluster.run([&](int r, Communicator& c) {
+        // Element k of rank r: r * 1000 + k % 7, as two segments (the first 2 elements, then the rest).
+        std::vector<double> as_double(count);
+        std::vector<std::int32_t> as_int(count);
+        for (std::size_t k = 0; k < count; ++k) {
+          as_double[k] = static_cast<double>(r * 1000 + static_cast<int>(k % 7));
+          as_int[k] = r * 1000 + static_cast<int>(k % 7);
+        }
+        const std::byte* send = dtype == DType::kFloat64 ? reinterpret_cast<const std::byte*>(as_double.data())
+                                                         : reinterpret_cast<const std::byte*>(as_int.data());
+        const Communicator::Segment segments[] = {{.send = send, .count = 2},
+                                                  {.send = send + 2 * size_of(dtype), .count = count - 2}};
+        out[static_cast<std::size_t>(r)] = c.all_reduce_shared(segments, dtype, op, call);
+        for (std::size_t k = 0; k < count; k += 997) {
+          const double sum = 1000.0 * n * (n - 1) / 2 + static_cast<double>(k % 7) * n;
+          if (dtype == DType::kFloat64) {
+            EXPECT_EQ(reinterpret_cast<const double*>(out[static_cast<std::size_t>(r)].get())[k], sum / n) << k;
+          } else {
+            const auto want = static_cast<std::int32_t>(op == ReduceOp::kMean ? std::trunc(sum / n) : sum);
+            EXPECT_EQ(reinterpret_cast<const std::int32_t*>(out[static_cast<std::size_t>(r)].get())[k], want) << k;
+          }
+        }
+      });
+      const bool shared = SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype)) &&
+                          !(dtype == DType::kInt32 && op == ReduceOp::kMean);
+      for (int r = 0; r < n; ++r) {
+        const int leader = r / cluster.local * cluster.local;
+        if (r != leader) {
+          EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[static_cast<std::size_t>(leader)], shared) << r;
+        }
+        if (r >= cluster.local) {
+          EXPECT_NE(out[static_cast<std::size_t>(r)], out[0]) << r;
+        }
+      }
+    }
   }
 }
 
@@ -215,6 +265,12 @@ void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
       } catch (const SignatureMismatch&) {
         ++mismatches[static_cast<std::size_t>(r)];
       }
+      try {
+        const Communicator::Segment whole{.send = send.data(), .count = count};
+        c.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, call);
+      } catch (const SignatureMismatch&) {
+        ++mismatches[static_cast<std::size_t>(r)];
+      }
     }
     // The group goes on: an untagged collective after the mismatch works.
     call.signature_tag = 0;
@@ -222,7 +278,7 @@ void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
     c.all_reduce(&one, &sum, 1, DType::kFloat32, ReduceOp::kSum, call);
     EXPECT_EQ(sum, static_cast<float>(cluster.size()));
   });
-  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 3) << "rank " << r;
+  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 5) << "rank " << r;
 }
 
 TEST_P(HierarchicalTest, MismatchOnTheLastRankReachesEveryone) {
@@ -251,9 +307,11 @@ TEST_P(HierarchicalTest, AbortReachesEveryWorker) {
   });
 }
 
-// The same in a shared gather, small and large: nobody waits for ever.
+// The same in a shared gather and a shared all_reduce, small and large:
+// nobody waits for ever.
 TEST_P(HierarchicalTest, AbortReachesEveryWorkerInASharedGather) {
   for (const std::size_t count : {std::size_t{3}, std::size_t{3000}}) {
+  for (const bool reduce : {false, true}) {
     Cluster fresh(cluster.workers, cluster.local);
     fresh.run([&](int r, Communicator& c) {
       if (r == fresh.size() - 1) {
@@ -263,12 +321,18 @@ TEST_P(HierarchicalTest, AbortReachesEveryWorkerInASharedGather) {
       const std::vector<std::size_t> counts(static_cast<std::size_t>(fresh.size()), count);
       const std::vector<float> send(count, 1.f);
       try {
-        c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
-        ADD_FAILURE() << "rank " << r << " finished a gather the last rank never joined";
+        if (reduce) {
+          const Communicator::Segment whole{.send = send.data(), .count = count};
+          c.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, call);
+        } else {
+          c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
+        }
+        ADD_FAILURE() << "rank " << r << " finished a collective the last rank never joined";
       } catch (const AbortedError& e) {
         EXPECT_NE(e.message().find("gave up"), std::string::npos) << e.message();
       }
     });
+  }
   }
 }
 

@@ -68,10 +68,16 @@ TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
   }
 }
 
+// Three ways: out of place, in place, and all_reduce_shared (one output for
+// every member exactly when shares_reduce says, each its own otherwise).
 void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::size_t stream_from) {
-  for (bool in_place : {false, true}) {
+  enum class Way { kOutOfPlace, kInPlace, kShared };
+  for (Way way : {Way::kOutOfPlace, Way::kInPlace, Way::kShared}) {
+    const bool in_place = way == Way::kInPlace;
+    SCOPED_TRACE(way == Way::kShared ? "shared" : in_place ? "in place" : "out of place");
     auto group = std::make_shared<LocalGroup>(n);
     std::vector<std::vector<std::byte>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+    std::vector<std::shared_ptr<std::byte>> shared(static_cast<std::size_t>(n));
     const std::size_t esz = size_of(dtype);
     // One guard byte after every buffer: nothing may write past the count.
     constexpr std::byte kGuard{0xa5};
@@ -87,6 +93,11 @@ void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::s
     auto errors = run_threads(n, [&](int r) {
       SharedMemoryCommunicator comm(group, r, stream_from);
       auto& s = send[static_cast<std::size_t>(r)];
+      if (way == Way::kShared) {
+        const Communicator::Segment whole{.send = s.data(), .count = count};
+        shared[static_cast<std::size_t>(r)] = comm.all_reduce_shared({&whole, 1}, dtype, op, call("all_reduce"));
+        return;
+      }
       void* out = in_place ? static_cast<void*>(s.data()) : recv[static_cast<std::size_t>(r)].data();
       comm.all_reduce(s.data(), out, count, dtype, op, call("all_reduce"));
     });
@@ -94,17 +105,23 @@ void check_all_reduce(int n, std::size_t count, DType dtype, ReduceOp op, std::s
     for (int r = 0; r < n; ++r) {
       ASSERT_EQ(send[static_cast<std::size_t>(r)].back(), kGuard) << "rank " << r << " wrote past its input";
       ASSERT_EQ(recv[static_cast<std::size_t>(r)].back(), kGuard) << "rank " << r << " wrote past its output";
+      if (way == Way::kShared && r > 0 && count > 0) {  // (no elements: null for all)
+        EXPECT_EQ(shared[static_cast<std::size_t>(r)] == shared[0],
+                  SharedMemoryCommunicator::shares_reduce(n, count * esz))
+            << "rank " << r;
+      }
     }
     visit_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
       for (int r = 0; r < n; ++r) {
-        const auto& buf = in_place ? send[static_cast<std::size_t>(r)] : recv[static_cast<std::size_t>(r)];
-        const T* p = reinterpret_cast<const T*>(buf.data());
+        const std::byte* buf = way == Way::kShared ? shared[static_cast<std::size_t>(r)].get()
+                               : in_place          ? send[static_cast<std::size_t>(r)].data()
+                                                   : recv[static_cast<std::size_t>(r)].data();
+        const T* p = reinterpret_cast<const T*>(buf);
         for (std::size_t i = 0; i < count; ++i) {
           const T want = expected_value<T>(op, n, i, dtype);
           ASSERT_TRUE(same_bits(p[i], want))
-              << "rank " << r << " element " << i << " dtype " << to_string(dtype) << " op " << to_string(op)
-              << " in_place " << in_place;
+              << "rank " << r << " element " << i << " dtype " << to_string(dtype) << " op " << to_string(op);
         }
       }
     });
@@ -252,8 +269,9 @@ TEST(AllReduceStreamSettingTest, ReadsTheSetting) {
   }
 }
 
-// A pack of many values reduced in place of the values: segment counts cross
-// member slices and chunks, zero-length segments included.
+// A pack of many values reduced in place of the values, and into one shared
+// output: segment counts cross member slices and chunks, zero-length
+// segments included.
 TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
   const std::vector<std::size_t> counts = {0, 1, 300, 0, 17000, 5, 40000, 2};
   for (DType dtype : {DType::kFloat32, DType::kInt8, DType::kBFloat16}) {
@@ -280,6 +298,7 @@ TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
               base += c;
             }
           }
+          std::vector<std::shared_ptr<std::byte>> shared(static_cast<std::size_t>(n));
           auto errors = run_threads(n, [&](int r) {
             SharedMemoryCommunicator comm(group, r, streaming ? 1 : kNeverStream);
             std::vector<Communicator::Segment> segments;
@@ -287,19 +306,31 @@ TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
               segments.push_back({send[static_cast<std::size_t>(r)][s].data(), recv[static_cast<std::size_t>(r)][s].data(), seg_counts[s]});
             }
             comm.all_reduce_segments(segments, dtype, op, call("all_reduce"));
+            // The same pack into one output (the segments' recv unused).
+            for (auto& seg : segments) seg.recv = nullptr;
+            shared[static_cast<std::size_t>(r)] = comm.all_reduce_shared(segments, dtype, op, call("all_reduce"));
           });
           for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+          std::size_t total = 0;
+          for (std::size_t c : seg_counts) total += c;
           visit_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             for (int r = 0; r < n; ++r) {
               std::size_t base = 0;
+              const T* whole = reinterpret_cast<const T*>(shared[static_cast<std::size_t>(r)].get());
               for (std::size_t s = 0; s < seg_counts.size(); ++s) {
                 const T* p = reinterpret_cast<const T*>(recv[static_cast<std::size_t>(r)][s].data());
                 for (std::size_t i = 0; i < seg_counts[s]; ++i) {
-                  ASSERT_TRUE(same_bits(p[i], expected_value<T>(op, n, base + i, dtype)))
-                      << "rank " << r << " segment " << s << " element " << i;
+                  const T want = expected_value<T>(op, n, base + i, dtype);
+                  ASSERT_TRUE(same_bits(p[i], want)) << "rank " << r << " segment " << s << " element " << i;
+                  ASSERT_TRUE(same_bits(whole[base + i], want))
+                      << "rank " << r << " shared, segment " << s << " element " << i;
                 }
                 base += seg_counts[s];
+              }
+              if (r > 0) {
+                EXPECT_EQ(shared[static_cast<std::size_t>(r)] == shared[0],
+                          SharedMemoryCommunicator::shares_reduce(n, total * esz));
               }
             }
           });
@@ -506,6 +537,57 @@ TEST(SharedGatherTest, DifferentTagsThrowMismatchOnEveryMember) {
   }
 }
 
+// The same for all_reduce_shared: nothing is made or handed out on a
+// mismatch, and the group goes on to share the next one.
+TEST(SharedAllReduceTest, DifferentTagsThrowMismatchOnEveryMember) {
+  const int n = 3;
+  auto group = std::make_shared<LocalGroup>(n);
+  for (const bool mismatch : {true, false}) {
+    std::vector<std::shared_ptr<std::byte>> out(n);
+    auto errors = run_threads(n, [&](int r) {
+      const std::vector<float> send(2000, static_cast<float>(r));
+      SharedMemoryCommunicator comm(group, r);
+      CollectiveCall c = call("all_reduce");
+      c.signature_tag = mismatch && r == 1 ? 0x30 : 0x40;
+      const Communicator::Segment whole{.send = send.data(), .count = send.size()};
+      out[static_cast<std::size_t>(r)] = comm.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, c);
+    });
+    for (int r = 0; r < n; ++r) {
+      const auto& e = errors[static_cast<std::size_t>(r)];
+      if (mismatch) {
+        ASSERT_TRUE(e);
+        EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+        EXPECT_FALSE(out[static_cast<std::size_t>(r)]);
+      } else {
+        ASSERT_FALSE(e) << message_of(e);
+        EXPECT_EQ(out[static_cast<std::size_t>(r)], out[0]);
+        EXPECT_EQ(reinterpret_cast<const float*>(out[0].get())[1999], 3.f);
+      }
+    }
+  }
+}
+
+// A loop that lets go of its last result before the next call gets the same
+// block back every time, from the cache every thread shares.
+TEST(SharedAllReduceTest, TheBlockComesBackOnceLetGo) {
+  const int n = 2;
+  auto group = std::make_shared<LocalGroup>(n);
+  std::vector<const std::byte*> blocks(5);
+  auto errors = run_threads(n, [&](int r) {
+    const std::vector<float> send(300000, 1.f);
+    SharedMemoryCommunicator comm(group, r);
+    const Communicator::Segment whole{.send = send.data(), .count = send.size()};
+    std::shared_ptr<std::byte> out;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      out.reset();
+      out = comm.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, call("all_reduce"));
+      if (r == 0) blocks[i] = out.get();
+    }
+  });
+  for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+  for (std::size_t i = 1; i < blocks.size(); ++i) EXPECT_EQ(blocks[i], blocks[0]) << "call " << i;
+}
+
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
   // 6 doubles (48 bytes): a small round; 7 and 100: the inline path; 10000:
   // two rounds; past kStreamBytes: streaming stores.
@@ -624,11 +706,17 @@ TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
   constexpr float kCanary = -7.f;
   std::mt19937 rng(12345);
   int raised_in_call = 0, raised_after = 0;
-  for (const char* op : {"all_reduce", "broadcast", "all_gather"}) {
+  for (const char* op : {"all_reduce", "all_reduce_shared", "broadcast", "all_gather"}) {
     std::vector<std::vector<float>> out(kMembers, std::vector<float>(kCount * kMembers, 0.f));
     auto run_call = [&](SharedMemoryCommunicator& comm, int r, const float* in) {
       auto& mine = out[static_cast<std::size_t>(r)];
-      if (std::string_view(op) == "all_reduce") {
+      if (std::string_view(op) == "all_reduce_shared") {
+        // The members read each other's inputs (ASan catches a late reader
+        // of a freed one); the output is the call's own.
+        const Communicator::Segment whole{.send = in, .count = kCount};
+        const auto result = comm.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, call(op));
+        std::memcpy(mine.data(), result.get(), kCount * sizeof(float));
+      } else if (std::string_view(op) == "all_reduce") {
         comm.all_reduce(in, mine.data(), kCount, DType::kFloat32, ReduceOp::kSum, call(op));
       } else if (std::string_view(op) == "broadcast") {
         comm.broadcast(mine.data(), kCount * kMembers, DType::kFloat32, 0, call(op));

@@ -2,6 +2,7 @@
 // counts 0 and 1, nests, packing, IndexedSlices and bit-identical results.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -9,10 +10,12 @@
 #include <vector>
 
 #include "comm/threads/shared_memory_communicator.h"
+#include "core/storage.h"
 #include "runtime/packing.h"
 #include "runtime/replica_channel.h"
 #include "runtime/runtime_util.h"
 #include "testing/scoped_env.h"
+#include "testing/shared_results.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -73,9 +76,17 @@ void check_all_reduce(int n, DType dtype, ReduceOp op) {
     for (std::int64_t i = 0; i < count; ++i) {
       ASSERT_EQ(first.element_as_double(i), expected(dtype, op, n, i)) << "element " << i;
     }
-    for (int k = 1; k < n; ++k) {
-      EXPECT_EQ(r[static_cast<std::size_t>(k)], first) << "replica " << k << " differs from replica 0";
-      EXPECT_EQ(r[static_cast<std::size_t>(k)].device(), s->devices()[static_cast<std::size_t>(k)]);
+    // Every result is read-only; above 1 KiB the replicas share one.
+    const bool shared = internal::SharedMemoryCommunicator::shares_reduce(n, first.nbytes());
+    for (int k = 0; k < n; ++k) {
+      const Tensor& got = r[static_cast<std::size_t>(k)];
+      EXPECT_TRUE(got.is_read_only()) << "replica " << k;
+      if (k == 0) continue;
+      EXPECT_EQ(got, first) << "replica " << k << " differs from replica 0";
+      EXPECT_EQ(got.device(), s->devices()[static_cast<std::size_t>(k)]);
+      if (count > 0) {
+        EXPECT_EQ(got.raw_data() == first.raw_data(), shared) << "replica " << k;
+      }
     }
   }
 }
@@ -258,6 +269,50 @@ TEST(PackingTest, GroupsByDtypeWithTensorFlowsSizeRule) {
   EXPECT_TRUE(internal::plan_packs({}, 0).empty());
 }
 
+// The replicas of one process may share one result (from 1 KiB): writing
+// it through any replica's tensor is a clear error, small or large, lone or
+// packed; a clone is the replica's own.
+TEST(AllReduceTest, ResultsAreReadOnlyAndSharedByTheReplicas) {
+  auto s = testing::mirrored(3);
+  std::atomic<int> refused{0};
+  auto r = s->run([&](ReplicaContext& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    Tensor big = ctx.all_reduce(ReduceOp::kSum, fill(DType::kFloat32, Shape{2000}, id));
+    if (testing::refuses_writes(big, "float32 (2000,)", ctx.devices()[0])) ++refused;
+    Tensor mine = big.clone();
+    mine.mutable_flat<float>()[0] = 100.f + static_cast<float>(id);
+    const Tensor small = ctx.all_reduce(ReduceOp::kSum, fill(DType::kInt32, Shape{3}, id));
+    EXPECT_TRUE(small.is_read_only());
+    EXPECT_THROW(small.mutable_raw_data(), FailedPreconditionError);
+    const std::vector<Tensor> packed = ctx.all_reduce(
+        ReduceOp::kMax, std::vector<Tensor>{fill(DType::kInt32, Shape{700}, id), fill(DType::kInt32, Shape{5}, id)});
+    for (const Tensor& t : packed) EXPECT_TRUE(t.is_read_only());
+    return std::vector<Tensor>{big, mine, packed[0]};
+  });
+  EXPECT_EQ(refused.load(), 3);
+  for (std::size_t q = 0; q < 3; ++q) {
+    EXPECT_EQ(r[q][0], fill(DType::kFloat32, Shape{2000}, 3)) << "replica " << q;  // no write or clone reached it
+    EXPECT_EQ(r[q][0].raw_data(), r[0][0].raw_data());
+    EXPECT_EQ(r[q][1].at<float>({0}), 100.f + static_cast<float>(q));
+    EXPECT_EQ(r[q][2].raw_data(), r[0][2].raw_data());  // a pack of 2820 bytes: shared too
+    EXPECT_EQ(r[q][2], fill(DType::kInt32, Shape{700}, 2));
+  }
+}
+
+// A step that lets go of its last result before the next all_reduce gets
+// the same storage back every time: the output is allocated once every
+// replica has arrived (and let go), from the cache all threads share.
+TEST(AllReduceTest, AStepThatDropsItsLastResultTakesNoFreshStorage) {
+  auto s = testing::mirrored(2);
+  const auto step = [](ReplicaContext& ctx) {
+    return ctx.all_reduce(ReduceOp::kSum, fill(DType::kFloat32, Shape{300000}, ctx.replica_id_in_sync_group()));
+  };
+  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(*s, step, [](const Tensor& out) {
+              EXPECT_EQ(out.at<float>({299999}), 1.f);
+            }),
+            0u);
+}
+
 TEST(AllReduceTest, OneCollectivePerPack) {
   auto s = testing::mirrored(2);
   for (auto [bytes_per_pack, want_calls] : std::vector<std::pair<std::int64_t, std::uint64_t>>{
@@ -294,6 +349,8 @@ TEST(AllReduceTest, IndexedSlicesConcatenateInReplicaOrder) {
       const IndexedSlices& sum = r[static_cast<std::size_t>(k)].first;
       const IndexedSlices& mean = r[static_cast<std::size_t>(k)].second;
       EXPECT_EQ(sum.dense_shape(), (Shape{5, 2}));
+      EXPECT_TRUE(sum.values().is_read_only());  // as every all_reduce result
+      EXPECT_TRUE(sum.indices().is_read_only());
       std::vector<float> want_rows;
       std::vector<std::int64_t> want_idx;
       for (int q = 0; q < n; ++q) {

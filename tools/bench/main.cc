@@ -61,7 +61,7 @@ struct Options {
   int warmup = 5;
   bool check = false;
   bool interleave_memcpy = false;  // the memcpy reference alternating with the op (raw engine)
-  bool shared_output = false;      // raw all_gather: all_gather_v_shared, as the API
+  bool shared_output = false;      // raw all_reduce/all_gather: into one output for every replica, as the API
   std::string api = "raw";
   std::string csv;
   int batch = 0;  // > 0: compare one all_reduce of `batch` tensors with `batch` separate calls
@@ -78,8 +78,8 @@ struct Options {
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "--api both: the engine and the API alternately in one run, with the API's overhead\n"
                "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
-               "--shared-output: the engine's all_gather into one output for every replica, as the API's\n"
-               "                 (all_gather_v_shared), not into each replica's own buffer\n"
+               "--shared-output: the engine's all_reduce or all_gather into one output for every replica, as the\n"
+               "                 API's (all_reduce_shared, all_gather_v_shared), not into each replica's own buffer\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
                "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
@@ -142,7 +142,9 @@ Options parse(int argc, char** argv) {
     usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
   }
   if (o.api != "raw" && o.api != "tensor" && o.api != "both") usage("--api must be raw, tensor or both");
-  if (o.shared_output && o.op != "all_gather") usage("--shared-output is for --op all_gather");
+  if (o.shared_output && o.op != "all_gather" && o.op != "all_reduce") {
+    usage("--shared-output is for --op all_reduce and all_gather");
+  }
   if (o.interleave_memcpy && o.api != "raw") usage("--interleave-memcpy is for --api raw");
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
@@ -295,7 +297,7 @@ struct FaultMeter {
 
 // One member of the raw engine: a SharedMemoryCommunicator on its own
 // buffers, the output reused from call to call (--shared-output: the
-// engine's shared all_gather output, let go before each call as the API's).
+// engine's shared output, let go before each call as the API's).
 struct RawOp {
   const Options& o;
   internal::SharedMemoryCommunicator comm;
@@ -321,7 +323,11 @@ struct RawOp {
   double run_once() {
     ++call.sequence;
     const auto t0 = Clock::now();
-    if (o.op == "all_reduce") {
+    if (o.op == "all_reduce" && o.shared_output) {
+      shared_out.reset();
+      const Communicator::Segment whole{.send = in.raw_data(), .count = count};
+      shared_out = comm.all_reduce_shared({&whole, 1}, o.dtype, o.redop, call);
+    } else if (o.op == "all_reduce") {
       comm.all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
     } else if (o.op == "all_gather" && o.shared_output) {
       shared_out.reset();
@@ -619,12 +625,17 @@ int run_benchmark(const Options& o) {
   std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
               std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
               o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
-  if (o.op == "all_gather" && o.api != "raw") {
-    std::printf("# api: every replica's result views one shared output (read-only) once a contribution passes 4 KiB\n");
+  if ((o.op == "all_gather" || o.op == "all_reduce") && o.api != "raw") {
+    std::printf("# api: every replica's result views one shared output (read-only) once %s\n",
+                o.op == "all_gather" ? "a contribution passes 4 KiB" : "the message passes 1 KiB");
   }
-  if (o.shared_output) std::printf("# raw: all_gather_v_shared, one output for every replica, as the API's\n");
+  if (o.shared_output) {
+    std::printf("# raw: %s, one output for every replica, as the API's\n",
+                o.op == "all_reduce" ? "all_reduce_shared" : "all_gather_v_shared");
+  }
   if (both) {
-    std::printf("# raw: the engine on its own buffers, alternating with the API call iteration by iteration\n");
+    std::printf("# raw: the engine on %s, alternating with the API call iteration by iteration\n",
+                o.shared_output ? "one output for every replica" : "its own buffers");
     std::printf("# faults/iter: page faults of one iteration (the engine's call and the API's together)\n");
     std::printf("# %12s %11s %8s %7s %11s %11s %12s %8s %7s %11s\n", "size(B)", "count", "type", "redop", "raw(us)",
                 "api(us)", "api-raw(us)", "api/raw", "#wrong", "faults/iter");

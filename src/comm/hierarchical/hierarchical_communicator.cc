@@ -175,6 +175,34 @@ void HierarchicalCommunicator::all_gather_v(const void* send, void* recv, std::s
   local_comm_.broadcast(recv, total, dtype, 0, fan_out_call(call, mismatch));
 }
 
+std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span<const Segment> segments,
+                                                                       DType dtype, ReduceOp op,
+                                                                       const CollectiveCall& call,
+                                                                       std::int64_t mean_divisor) {
+  std::size_t total = 0;
+  for (const Segment& s : segments) total += s.count;
+  // As the threads engine decides, on the message's size (agreed by every
+  // replica): the latency path's one local round is faster below.
+  if (!SharedMemoryCommunicator::shares_reduce(local_size_, total * size_of(dtype)) ||
+      (op == ReduceOp::kMean && !is_floating(dtype))) {
+    return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
+  }
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size();
+  // MEAN: the local step sums, the cross step sums the workers' sums and divides once.
+  std::shared_ptr<std::byte> block;
+  try {
+    block = local_comm_.all_reduce_shared(segments, dtype, op == ReduceOp::kMean ? ReduceOp::kSum : op, call);
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  bool mismatch = false;
+  // The local replicas wait in the fan-out round below and do not read the
+  // block before the leader's in-place cross step is done.
+  if (leader()) mismatch = run_cross([&] { workers_->all_reduce(block.get(), block.get(), total, dtype, op, call, divisor); });
+  local_->arrive(local_id_, {.tag = mismatch ? 1u : 0u}, fan_out_call(call, false));
+  return block;
+}
+
 std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const void* send,
                                                                          std::span<const std::size_t> counts,
                                                                          std::size_t outer, DType dtype,

@@ -55,6 +55,13 @@ class HierarchicalCommunicator final : public Communicator {
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
+  // Above 1 KiB with several local replicas, the worker's replicas share one
+  // output: the local step reduces into one shared block, the leader reduces
+  // it across the workers in place, and the fan-out only releases the local
+  // replicas (nothing is copied to them). Otherwise each gets its own, and
+  // an integer MEAN gathers as all_reduce does.
+  std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                               const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
                     DType dtype, const CollectiveCall& call) override;
   // From a contribution of over 4 KiB with several local replicas, the

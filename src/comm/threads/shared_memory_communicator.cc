@@ -104,6 +104,32 @@ std::size_t chunk_elements(const std::byte* scratch, std::size_t esz) {
              esz);
 }
 
+// Calls f(segment, at, len, off) for each chunk of at most `chunk` elements
+// of elements [begin, end) of the segments' concatenation, walked segment by
+// segment: `at` is the chunk's first element in the concatenation, `off` its
+// byte offset in its segment.
+template <class F>
+void for_each_owned_chunk(std::span<const Communicator::Segment> segments, std::size_t begin, std::size_t end,
+                          std::size_t chunk, std::size_t esz, F&& f) {
+  std::size_t seg_start = 0;
+  for (std::size_t s = 0; s < segments.size() && seg_start < end; seg_start += segments[s].count, ++s) {
+    const std::size_t lo = std::max(begin, seg_start);
+    const std::size_t hi = std::min(end, seg_start + segments[s].count);
+    for (std::size_t at = lo; at < hi; at += chunk) f(s, at, std::min(chunk, hi - at), (at - seg_start) * esz);
+  }
+}
+
+// A LocalGroup::Maker: `*size` bytes from the storage cache every thread
+// shares (the output of a shared collective goes back from whichever
+// replica lets go of it last), null if that fails.
+std::shared_ptr<void> allocate_shared_output(const void* size) noexcept {
+  try {
+    return allocate_shared_storage(*static_cast<const std::size_t*>(size));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 bool intel_cpu() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool intel = [] {
@@ -185,8 +211,8 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   std::byte* scratch = streams(bytes) ? stream_scratch() : nullptr;
   const std::size_t chunk = chunk_elements(scratch, esz);
   const auto& entries = group_->arrive(rank_, {.send = send, .recv = recv, .tag = call.signature_tag}, call);
-  const std::size_t begin = count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
-  const std::size_t end = count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
+  const std::size_t begin = owned_begin(count);
+  const std::size_t end = owned_end(count);
   for (std::size_t at = begin; at < end; at += chunk) {
     const std::size_t len = std::min(chunk, end - at);
     for (int q = 0; q < n; ++q) {
@@ -222,24 +248,55 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
   // Every member publishes its segment table; all tables have the same counts.
   const auto& entries = group_->arrive(rank_, {.send = segments.data(), .tag = call.signature_tag}, call);
   auto table = [&](int q) { return static_cast<const Segment*>(entries[static_cast<std::size_t>(q)].send); };
-  // Member r owns elements [begin, end) of the concatenation, walked segment by segment.
-  const std::size_t begin = total * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n);
-  const std::size_t end = total * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n);
-  std::size_t seg_start = 0;
-  for (std::size_t s = 0; s < segments.size() && seg_start < end; seg_start += segments[s].count, ++s) {
-    const std::size_t lo = std::max(begin, seg_start);
-    const std::size_t hi = std::min(end, seg_start + segments[s].count);
-    for (std::size_t at = lo; at < hi; at += chunk) {
-      const std::size_t len = std::min(chunk, hi - at);
-      const std::size_t off = (at - seg_start) * esz;
-      for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
-      reduce_chunk({srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor,
-                   static_cast<std::byte*>(segments[s].recv) + off, scratch, rank_,
-                   [&](int q) { return static_cast<std::byte*>(table(q)[s].recv) + off; });
-    }
-  }
+  for_each_owned_chunk(segments, owned_begin(total), owned_end(total), chunk, esz,
+                       [&](std::size_t s, std::size_t, std::size_t len, std::size_t off) {
+    for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
+    reduce_chunk({srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor,
+                 static_cast<std::byte*>(segments[s].recv) + off, scratch, rank_,
+                 [&](int q) { return static_cast<std::byte*>(table(q)[s].recv) + off; });
+  });
   if (scratch != nullptr) stream_fence();
   group_->release(rank_, call);  // nobody leaves while others still use its buffers
+}
+
+std::shared_ptr<std::byte> SharedMemoryCommunicator::all_reduce_shared(std::span<const Segment> segments,
+                                                                       DType dtype, ReduceOp op,
+                                                                       const CollectiveCall& call,
+                                                                       std::int64_t mean_divisor) {
+  const int n = size();
+  const std::size_t esz = size_of(dtype);
+  std::size_t total = 0;
+  for (const Segment& seg : segments) total += seg.count;
+  const std::size_t bytes = total * esz;
+  // The latency path keeps its one round; the bandwidth path takes two
+  // rounds anyway, so one output for all costs no round.
+  if (!shares_reduce(n, bytes)) return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
+  const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
+  SourceList source_list(n);  // allocations before the data round, as all_reduce's
+  const void** srcs = source_list.data();
+  std::byte* scratch = streams(bytes) ? stream_scratch() : nullptr;
+  const std::size_t chunk = chunk_elements(scratch, esz);
+  std::shared_ptr<void> made;
+  const auto& entries = group_->arrive_making(rank_, {.send = segments.data(), .tag = call.signature_tag}, call,
+                                              allocate_shared_output, &bytes, made);
+  auto out = std::static_pointer_cast<std::byte>(std::move(made));
+  if (!out) {
+    group_->release(rank_, call);  // as every member does: the group stays in step
+    throw std::bad_alloc();
+  }
+  auto table = [&](int q) { return static_cast<const Segment*>(entries[static_cast<std::size_t>(q)].send); };
+  // This member's slice, reduced once from every member's input into the
+  // one output (through the thread's chunk, and streamed, when streaming).
+  for_each_owned_chunk(segments, owned_begin(total), owned_end(total), chunk, esz,
+                       [&](std::size_t s, std::size_t at, std::size_t len, std::size_t off) {
+    for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
+    std::byte* dst = out.get() + at * esz;
+    reduce_sources(scratch != nullptr ? scratch : dst, {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
+    if (scratch != nullptr) stream_copy(dst, scratch, len * esz);
+  });
+  if (scratch != nullptr) stream_fence();
+  group_->release(rank_, call);  // nobody reads the output before every slice is in
+  return out;
 }
 
 void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
@@ -352,15 +409,8 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::all_gather_v_shared(const v
   // every member has let go of what it let go before the call, so a loop
   // that drops its last result first gets the same block back every time.
   const std::size_t bytes = row * outer;
-  const LocalGroup::Maker allocate = [](const void* size) noexcept -> std::shared_ptr<void> {
-    try {
-      return allocate_shared_storage(*static_cast<const std::size_t*>(size));
-    } catch (...) {
-      return nullptr;
-    }
-  };
   std::shared_ptr<void> made;
-  group_->arrive_making(rank_, {.tag = call.signature_tag}, call, allocate, &bytes, made);
+  group_->arrive_making(rank_, {.tag = call.signature_tag}, call, allocate_shared_output, &bytes, made);
   auto out = std::static_pointer_cast<std::byte>(std::move(made));
   if (!out) {
     group_->release(rank_, call);  // as every member does: the group stays in step

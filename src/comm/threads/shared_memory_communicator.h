@@ -88,6 +88,14 @@ class SharedMemoryCommunicator final : public Communicator {
   // The bandwidth path straight from and into every segment: no staging copy.
   void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op, const CollectiveCall& call,
                            std::int64_t mean_divisor = 0) override;
+  // Above kLatencyPathBytes, every member returns one output, allocated by
+  // the member that completes the data round: each reduces its slice into
+  // it once, where all_reduce copies each slice into every output.
+  std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                               const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
+  // Whether all_reduce_shared shares its output among `members`, by the
+  // message's bytes.
+  static bool shares_reduce(int members, std::size_t bytes) { return members > 1 && bytes > kLatencyPathBytes; }
   // Each member reduces its own block straight from every member's send
   // buffer into its recv: no staging, nothing copied to the others.
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
@@ -108,6 +116,15 @@ class SharedMemoryCommunicator final : public Communicator {
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 
  private:
+  // Elements [owned_begin, owned_end) of `count`: this member's slice on the
+  // bandwidth path of all_reduce.
+  std::size_t owned_begin(std::size_t count) const {
+    return count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(size());
+  }
+  std::size_t owned_end(std::size_t count) const {
+    return count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(size());
+  }
+
   std::shared_ptr<LocalGroup> group_;
   int rank_;
   std::size_t all_reduce_stream_bytes_;
