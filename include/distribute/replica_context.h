@@ -73,6 +73,7 @@ class ReplicaContext {
   Nest<Tensor> all_reduce(ReduceOp op, const Nest<Tensor>& value, const CommunicationOptions& options = {});
   // IndexedSlices: the concatenation of every replica's slices in replica
   // order (duplicates kept, as TensorFlow); MEAN divides the values by N.
+  // Read-only too, though each replica's own.
   IndexedSlices all_reduce(ReduceOp op, const IndexedSlices& value, const CommunicationOptions& options = {});
 
   // ---- all_gather ----------------------------------------------------------

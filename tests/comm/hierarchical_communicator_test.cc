@@ -81,40 +81,46 @@ TEST_P(HierarchicalTest, AllReduceSumsEveryRank) {
 
 // The shared form, small and large, one value or a pack of two: a float
 // MEAN (local sums, one division across the workers), an int32 SUM, and an
-// int32 MEAN (exact: gathered, and never shared). Above 1 KiB the replicas
-// of a worker hold one output, never the replicas of two workers.
+// int8 MEAN of values near the top of the type (exact: gathered, never
+// shared; sums would wrap). Above 1 KiB the replicas of a worker hold one
+// output, never the replicas of two workers.
 TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput) {
   const int n = cluster.size();
+  // Element k of rank r, and the expected result, by dtype.
+  const auto value = [](DType dtype, int r, std::size_t k) {
+    const int j = static_cast<int>(k % 7);
+    return dtype == DType::kInt8 ? 120 - r - j % 3 : r * 1000 + j;
+  };
   for (const std::size_t count : {std::size_t{3}, std::size_t{100000}}) {
     for (const auto& [dtype, op] : {std::pair{DType::kFloat64, ReduceOp::kMean}, std::pair{DType::kInt32, ReduceOp::kSum},
-                                   std::pair{DType::kInt32, ReduceOp::kMean}}) {
+                                    std::pair{DType::kInt8, ReduceOp::kMean}}) {
       SCOPED_TRACE(std::to_string(count) + " " + std::string(to_string(dtype)) + " " + std::string(to_string(op)));
       std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(n));
       cluster.run([&](int r, Communicator& c) {
-        // Element k of rank r: r * 1000 + k % 7, as two segments (the first 2 elements, then the rest).
-        std::vector<double> as_double(count);
-        std::vector<std::int32_t> as_int(count);
+        std::vector<std::byte> send(count * size_of(dtype));
         for (std::size_t k = 0; k < count; ++k) {
-          as_double[k] = static_cast<double>(r * 1000 + static_cast<int>(k % 7));
-          as_int[k] = r * 1000 + static_cast<int>(k % 7);
+          const int v = value(dtype, r, k);
+          if (dtype == DType::kFloat64) reinterpret_cast<double*>(send.data())[k] = v;
+          if (dtype == DType::kInt32) reinterpret_cast<std::int32_t*>(send.data())[k] = v;
+          if (dtype == DType::kInt8) reinterpret_cast<std::int8_t*>(send.data())[k] = static_cast<std::int8_t>(v);
         }
-        const std::byte* send = dtype == DType::kFloat64 ? reinterpret_cast<const std::byte*>(as_double.data())
-                                                         : reinterpret_cast<const std::byte*>(as_int.data());
-        const Communicator::Segment segments[] = {{.send = send, .count = 2},
-                                                  {.send = send + 2 * size_of(dtype), .count = count - 2}};
+        // Two segments: the first 2 elements, then the rest.
+        const Communicator::Segment segments[] = {{.send = send.data(), .count = 2},
+                                                  {.send = send.data() + 2 * size_of(dtype), .count = count - 2}};
         out[static_cast<std::size_t>(r)] = c.all_reduce_shared(segments, dtype, op, call);
+        const std::byte* got = out[static_cast<std::size_t>(r)].get();
         for (std::size_t k = 0; k < count; k += 997) {
-          const double sum = 1000.0 * n * (n - 1) / 2 + static_cast<double>(k % 7) * n;
-          if (dtype == DType::kFloat64) {
-            EXPECT_EQ(reinterpret_cast<const double*>(out[static_cast<std::size_t>(r)].get())[k], sum / n) << k;
-          } else {
-            const auto want = static_cast<std::int32_t>(op == ReduceOp::kMean ? std::trunc(sum / n) : sum);
-            EXPECT_EQ(reinterpret_cast<const std::int32_t*>(out[static_cast<std::size_t>(r)].get())[k], want) << k;
-          }
+          double sum = 0;
+          for (int q = 0; q < n; ++q) sum += value(dtype, q, k);
+          double want = dtype == DType::kFloat64 ? sum / n : dtype == DType::kInt32 ? sum : std::trunc(sum / n);
+          double have = dtype == DType::kFloat64 ? reinterpret_cast<const double*>(got)[k]
+                        : dtype == DType::kInt32 ? reinterpret_cast<const std::int32_t*>(got)[k]
+                                                 : reinterpret_cast<const std::int8_t*>(got)[k];
+          EXPECT_EQ(have, want) << k;
         }
       });
-      const bool shared = SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype)) &&
-                          !(dtype == DType::kInt32 && op == ReduceOp::kMean);
+      const bool shared =
+          SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype)) && dtype != DType::kInt8;
       for (int r = 0; r < n; ++r) {
         const int leader = r / cluster.local * cluster.local;
         if (r != leader) {

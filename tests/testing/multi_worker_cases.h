@@ -139,7 +139,10 @@ inline void AllReduceLargeNestedAndPacked(const WorkerEnv& env) {
     ASSERT_EQ(got_leaves.size(), want_leaves.size());
     for (std::size_t k = 0; k < got_leaves.size(); ++k) {
       EXPECT_TRUE(identical(got_leaves[k], want_leaves[k])) << "leaf " << k << " of replica " << i;
+      EXPECT_TRUE(got_leaves[k].is_read_only()) << "leaf " << k << " of replica " << i;
     }
+    // "big" (its own pack, 1.2 MB): one result for the replicas of a worker.
+    EXPECT_EQ(got_leaves[0].raw_data(), r.values()[0].flatten()[0].raw_data()) << "replica " << i;
   }
 }
 
@@ -241,6 +244,8 @@ inline void StrategyReduceGatherAndBroadcastTo(const WorkerEnv& env) {
   const PerReplica<Tensor> pe(equal), pr(ragged);
   const int n = env.replicas();
   EXPECT_EQ(s->reduce(ReduceOp::kSum, pe, std::nullopt).flat<float>()[2], static_cast<float>(n * (n + 1) / 2));
+  // Cross-replica results are the caller's own: writable (unlike all_reduce's in a replica).
+  EXPECT_FALSE(s->reduce(ReduceOp::kSum, pe, std::nullopt).is_read_only());
   EXPECT_EQ(s->reduce(ReduceOp::kMax, pe, std::nullopt).flat<float>()[0], static_cast<float>(n));
   // A ragged batch: the mean of every element of every replica.
   const Tensor mean = s->reduce(ReduceOp::kSum, pr, 0);

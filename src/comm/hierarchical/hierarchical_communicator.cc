@@ -199,8 +199,11 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span
   // The local replicas wait in the fan-out round below and do not read the
   // block before the leader's in-place cross step is done.
   if (leader()) mismatch = run_cross([&] { workers_->all_reduce(block.get(), block.get(), total, dtype, op, call, divisor); });
-  local_->arrive(local_id_, {.tag = mismatch ? 1u : 0u}, fan_out_call(call, false));
-  return block;
+  // Every local replica returns the leader's block (the one its cross step
+  // reduced), whatever the local step handed each.
+  const auto& entries = local_->arrive(local_id_, {.object = mismatch ? nullptr : block, .tag = mismatch ? 1u : 0u},
+                                       fan_out_call(call, false));
+  return std::static_pointer_cast<std::byte>(entries[0].object);
 }
 
 std::shared_ptr<std::byte> HierarchicalCommunicator::all_gather_v_shared(const void* send,

@@ -88,7 +88,8 @@ class SharedMemoryCommunicator final : public Communicator {
   // The bandwidth path straight from and into every segment: no staging copy.
   void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op, const CollectiveCall& call,
                            std::int64_t mean_divisor = 0) override;
-  // Above kLatencyPathBytes, every member returns one output, allocated by
+  // Above kLatencyPathBytes with more than one member (shares_reduce),
+  // every member returns one output, allocated by
   // the member that completes the data round: each reduces its slice into
   // it once, where all_reduce copies each slice into every output.
   std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
