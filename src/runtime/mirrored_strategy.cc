@@ -168,16 +168,20 @@ namespace internal {
 struct ClusterSetup {
   CommunicationOptions options;
   std::vector<std::string> devices;
-  std::shared_ptr<Communicator> workers;
+  std::shared_ptr<Communicator> workers;  // null with one worker
   int rank = 0;
   int size = 1;
+  // What this worker's own checks raised: brought to the meeting, then raised.
+  std::exception_ptr error;
+  bool met = false;  // the workers have met (once, in the strategy's constructor)
 };
 
 namespace {
 // The workers meet once, when they create the strategy: each brings its
-// number of local replicas, or the error that its own checks raised (bad
-// devices, options or settings), so that one worker's bad input fails every
-// worker at once instead of leaving the others waiting for it.
+// number of local replicas, or the error that its own creation raised (bad
+// devices, options or settings; no thread for a replica), so that one
+// worker's failure fails every worker at once instead of leaving the others
+// waiting for it.
 void meet_the_workers(Communicator& workers, std::size_t local_replicas, const CommunicationOptions& options,
                       const std::exception_ptr& local_error) {
   std::string payload;
@@ -236,36 +240,40 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
 }
 
 // `local_devices` gives this worker's devices (it may throw: a bad count).
+// What the strategy's creation would check is checked here, and a failure
+// kept in `error`, for the constructor to bring to the workers' meeting.
 ClusterSetup make_cluster_setup(const std::function<std::vector<std::string>()>& local_devices,
                                 std::shared_ptr<Communicator> workers, CommunicationOptions options) {
   ClusterSetup setup;
-  // What the strategy's creation would check, checked before the workers meet.
-  std::exception_ptr local_error;
+  if (workers != nullptr && workers->size() > 1) {
+    setup.rank = workers->rank();
+    setup.size = workers->size();
+    setup.workers = std::move(workers);
+  }
   try {
     setup.devices = canonical_devices(local_devices());
     options.validate();
     checked_engine_settings();
     if (!options.timeout) env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     env_seconds("DISTRIBUTE_STALL_WARNING_SECONDS");
-  } catch (...) {
-    local_error = std::current_exception();
-  }
-  if (workers != nullptr) {
-    setup.rank = workers->rank();
-    setup.size = workers->size();
-  }
-  if (setup.size > 1) meet_the_workers(*workers, setup.devices.size(), options, local_error);
-  if (local_error) std::rethrow_exception(local_error);
-  setup.options = std::move(options);
-  if (setup.size > 1) {
-    // TensorFlow's names for the devices of worker task k.
-    const std::string local_prefix = "/job:localhost/replica:0/task:0/";
-    for (std::string& d : setup.devices) {
-      d = "/job:worker/replica:0/task:" + std::to_string(setup.rank) + "/" + d.substr(local_prefix.size());
+    if (setup.size > 1) {
+      // TensorFlow's names for the devices of worker task k.
+      const std::string local_prefix = "/job:localhost/replica:0/task:0/";
+      for (std::string& d : setup.devices) {
+        d = "/job:worker/replica:0/task:" + std::to_string(setup.rank) + "/" + d.substr(local_prefix.size());
+      }
     }
-    setup.workers = std::move(workers);
+  } catch (...) {
+    setup.error = std::current_exception();
   }
+  setup.options = std::move(options);
   return setup;
+}
+
+// The devices of a setup whose checks passed; its error otherwise.
+const std::vector<std::string>& checked_devices(const ClusterSetup& setup) {
+  if (setup.error) std::rethrow_exception(setup.error);
+  return setup.devices;
 }
 
 std::vector<std::string> numbered_cpus(int n) {
@@ -291,12 +299,24 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std
     : MultiWorkerMirroredStrategy(internal::make_cluster_setup(
           [local_replicas] { return internal::numbered_cpus(local_replicas); }, std::move(workers), std::move(options))) {}
 
-MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup)
-    : Strategy(setup.devices, static_cast<int>(setup.devices.size()) * setup.size,
-               static_cast<int>(setup.devices.size()) * setup.rank, std::move(setup.options)),
-      workers_(std::move(setup.workers)), worker_rank_(setup.rank), num_workers_(setup.size) {
-  if (workers_ != nullptr) set_workers(workers_.get());
-}
+// The workers meet once the strategy is made, or once its making failed (a
+// bad argument, found by make_cluster_setup; no thread for a replica): in
+// the handler, which then raises the failure. Every worker meets exactly
+// once, so one that cannot make its strategy fails the others at once.
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup) try
+    : Strategy(internal::checked_devices(setup), static_cast<int>(setup.devices.size()) * setup.size,
+               static_cast<int>(setup.devices.size()) * setup.rank, setup.options),
+      workers_(setup.workers), worker_rank_(setup.rank), num_workers_(setup.size) {
+  if (workers_ != nullptr) {
+    set_workers(workers_.get());
+    setup.met = true;
+    internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr);
+  }
+} catch (...) {
+  if (setup.workers != nullptr && !setup.met) {
+    internal::meet_the_workers(*setup.workers, setup.devices.size(), setup.options, std::current_exception());
+  }
+}  // (the handler rethrows)
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
 

@@ -2,10 +2,16 @@
 
 #include <pthread.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <system_error>
 
 namespace distribute::internal {
 namespace {
+
+// fail_thread_starts_for_testing: this thread's pool thread starts left
+// before one fails (negative: none fails).
+thread_local int starts_before_failure = -1;
 
 // Names the thread "dist replica N" (what top, gdb and the tests' hang
 // watchdog show). Linux allows 15 characters; longer names are cut.
@@ -17,12 +23,29 @@ void name_replica_thread(int replica) {
 
 }  // namespace
 
+void fail_thread_starts_for_testing(int starts) { starts_before_failure = starts; }
+
 ReplicaPool::ReplicaPool(int replicas) {
   workers_.reserve(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0));
-  for (int r = 1; r < replicas; ++r) workers_.emplace_back([this, r] { worker_loop(r); });
+  try {
+    for (int r = 1; r < replicas; ++r) {
+      if (starts_before_failure >= 0 && starts_before_failure-- == 0) {
+        throw std::system_error(EAGAIN, std::generic_category(), "could not start a replica thread (injected)");
+      }
+      workers_.emplace_back([this, r] { worker_loop(r); });
+    }
+  } catch (...) {
+    // The threads already started must be stopped and joined here: no
+    // destructor runs for a half-made pool, and a joinable std::thread
+    // destroyed unjoined ends the process.
+    stop_workers();
+    throw;
+  }
 }
 
-ReplicaPool::~ReplicaPool() {
+ReplicaPool::~ReplicaPool() { stop_workers(); }
+
+void ReplicaPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;

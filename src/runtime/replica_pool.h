@@ -26,6 +26,7 @@ class ReplicaPool {
 
  private:
   void worker_loop(int replica);
+  void stop_workers();
 
   std::mutex mu_;
   std::condition_variable start_cv_;
@@ -36,6 +37,11 @@ class ReplicaPool {
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };
+
+// Tests: the next pools made on this thread fail (std::system_error, as
+// when the system has no thread to give) once they have started `starts`
+// threads between them; -1 turns it off.
+void fail_thread_starts_for_testing(int starts);
 
 // Runs task(i) for i in [0, replicas) with task(0) on this thread and the
 // others on new threads (for nested runs from inside a merge_fn).

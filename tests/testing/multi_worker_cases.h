@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/replica_pool.h"
 #include "testing/faults.h"
 #include "testing/reference_model.h"
 #include "testing/strategies.h"
@@ -516,6 +517,31 @@ inline void AWorkerWithBadArgumentsFailsEveryWorkerAtOnce(const WorkerEnv& env) 
   EXPECT_EQ(s->num_replicas_in_sync(), env.replicas());
 }
 
+// A worker whose strategy fails after its arguments passed their checks
+// (here no thread for a replica, injected into its replica pool) still
+// meets the others: it raises its own error, and every other worker an
+// InternalError naming it, at once rather than at the timeout (before, the
+// others went on and waited in their first collective). The workers can go on.
+inline void AWorkerWhoseStrategyFailsLateFailsEveryWorkerAtOnce(const WorkerEnv& env) {
+  if (env.workers < 2 || env.local_replicas < 2) return;  // a pool of one replica starts no thread
+  const int culprit = env.workers - 1;
+  if (env.worker == culprit) internal::fail_thread_starts_for_testing(0);
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string kind = error_kind([&] { env.strategy(); }, &message);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  internal::fail_thread_starts_for_testing(-1);
+  EXPECT_EQ(kind, env.worker == culprit ? "std::exception" : "InternalError") << message;
+  EXPECT_NE(message.find("could not start a replica thread (injected)"), std::string::npos) << message;
+  if (env.worker != culprit) {
+    EXPECT_NE(message.find("worker " + std::to_string(culprit) + " could not create its strategy"), std::string::npos)
+        << message;
+  }
+  EXPECT_LT(seconds, 10.0) << message;  // the timeout is 20 s
+  auto s = env.strategy();
+  EXPECT_EQ(s->num_replicas_in_sync(), env.replicas());
+}
+
 // Variables: every worker starts from worker 0's initial value, replica
 // writes aggregate over every worker's replicas, and a SyncOnReadVariable's
 // cross-replica read reduces across workers.
@@ -757,6 +783,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(LateWorkerTimesOutEverywhere)               \
   X(UnequalLocalReplicaCountsAreRejected)      \
   X(AWorkerWithBadArgumentsFailsEveryWorkerAtOnce) \
+  X(AWorkerWhoseStrategyFailsLateFailsEveryWorkerAtOnce) \
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
   X(OptimizerStepsMatchTheSingleProcessStrategy)  \
   X(DatasetsSplitAcrossWorkersAndEndTogether)   \
