@@ -50,9 +50,11 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   // workers->rank()); nullptr for a one-worker cluster. Every worker must
   // construct the strategy (it is a collective: the workers check that they
   // run the same number of local replicas and raise InvalidArgumentError on
-  // every worker if not). A worker whose own arguments or settings are bad
-  // still meets the others: it raises its error, and every other worker the
-  // same kind of error naming it, instead of waiting for it.
+  // every worker if not). A worker whose own arguments or settings are bad,
+  // or whose strategy cannot be made (no thread for a replica, out of
+  // memory), still meets the others: it raises its error, and every other
+  // worker an error naming it (of the same kind, or InternalError for one
+  // that is not a distribute::Error), instead of waiting for it.
   MultiWorkerMirroredStrategy(const std::vector<std::string>& local_devices, std::shared_ptr<Communicator> workers,
                               CommunicationOptions options = {});
   // `local_replicas` replicas on devices CPU:0 ... CPU:local_replicas-1.

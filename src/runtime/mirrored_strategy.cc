@@ -182,8 +182,10 @@ namespace {
 // devices, options or settings; no thread for a replica), so that one
 // worker's failure fails every worker at once instead of leaving the others
 // waiting for it.
+// `met` turns true just before the exchange: a failure before it (out of
+// memory building the payload) leaves the meeting to the caller's handler.
 void meet_the_workers(Communicator& workers, std::size_t local_replicas, const CommunicationOptions& options,
-                      const std::exception_ptr& local_error) {
+                      const std::exception_ptr& local_error, bool& met) {
   std::string payload;
   if (local_error) {
     try {
@@ -209,9 +211,10 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
       // the others without one, then raises it.
     }
   }
-  std::vector<std::string> met;
+  std::vector<std::string> all;
   try {
-    met = workers.exchange(std::move(payload), call);
+    met = true;
+    all = workers.exchange(std::move(payload), call);
   } catch (...) {
     if (local_error) std::rethrow_exception(local_error);  // the cause, rather than its echo
     throw;
@@ -219,8 +222,8 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
   if (local_error) std::rethrow_exception(local_error);
   std::string list;
   bool differ = false;
-  for (std::size_t w = 0; w < met.size(); ++w) {
-    const std::string& m = met[w];
+  for (std::size_t w = 0; w < all.size(); ++w) {
+    const std::string& m = all[w];
     if (!m.empty() && m[0] == 'E') {
       // "E<code>:<message>"; the message may hold colons of its own.
       const std::size_t colon = m.find(':');
@@ -230,7 +233,7 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
                   "MultiWorkerMirroredStrategy: worker " + std::to_string(w) +
                       " could not create its strategy: " + (colon == std::string::npos ? m : m.substr(colon + 1)));
     }
-    differ |= m != met[0];
+    differ |= m != all[0];
     list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + m.substr(1);
   }
   if (differ) {
@@ -309,12 +312,12 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup 
       workers_(setup.workers), worker_rank_(setup.rank), num_workers_(setup.size) {
   if (workers_ != nullptr) {
     set_workers(workers_.get());
-    setup.met = true;
-    internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr);
+    internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr, setup.met);
   }
 } catch (...) {
   if (setup.workers != nullptr && !setup.met) {
-    internal::meet_the_workers(*setup.workers, setup.devices.size(), setup.options, std::current_exception());
+    internal::meet_the_workers(*setup.workers, setup.devices.size(), setup.options, std::current_exception(),
+                               setup.met);
   }
 }  // (the handler rethrows)
 

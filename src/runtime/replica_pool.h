@@ -38,9 +38,10 @@ class ReplicaPool {
   std::vector<std::thread> workers_;
 };
 
-// Tests: the next pools made on this thread fail (std::system_error, as
-// when the system has no thread to give) once they have started `starts`
-// threads between them; -1 turns it off.
+// Tests: on this thread, the thread start that comes after `starts` more
+// (in the pools it makes from now) fails with std::system_error, as when
+// the system has no thread to give; then the injection is off. -1 turns it
+// off at once.
 void fail_thread_starts_for_testing(int starts);
 
 // Runs task(i) for i in [0, replicas) with task(0) on this thread and the
