@@ -8,14 +8,20 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "comm/threads/local_group.h"
 #include "distribute/communicator.h"
+#include "runtime/gather_layout.h"
+#include "runtime/signature.h"
 
 namespace distribute::internal {
 
-struct ReplicaChannel {
+// A line of its own: every collective writes its replica's counters, and the
+// run's channels sit side by side in one vector (shared lines would bounce
+// between the replicas' cores on every call).
+struct alignas(64) ReplicaChannel {
   Communicator* comm = nullptr;
   LocalGroup* local = nullptr;
   int depth = 0;               // 0 for a top-level run, +1 per nested call_for_each_replica
@@ -35,6 +41,9 @@ struct ReplicaChannel {
   // (the others' arguments live on their stacks until then). Shared by the
   // run's replicas; reset before each run.
   std::atomic<std::uint64_t>* merge_args_taken = nullptr;
+  // What the last one-Tensor all_reduce and all_gather worked out.
+  CallMemo<> all_reduce_memo;
+  CallMemo<std::optional<GatherLayout>> all_gather_memo;
 };
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.

@@ -129,10 +129,14 @@ std::shared_ptr<std::byte> reduce_segments(ReplicaChannel& ch, std::span<const C
   return result;
 }
 
-// The result for `value`, `offset` bytes into a reduced output.
-Tensor result_view(const std::shared_ptr<std::byte>& result, std::size_t offset, const Tensor& value,
+// The result for `value`, `offset` bytes into a reduced output. Takes its
+// reference by value: the replicas share the output's control block, so each
+// reference count change is a cache line bounced between cores, and a moved-in
+// reference (the lone value's, a pack's last) changes none.
+Tensor result_view(std::shared_ptr<std::byte> result, std::size_t offset, const Tensor& value,
                    const std::string& device) {
-  std::shared_ptr<std::byte> view = value.nbytes() ? std::shared_ptr<std::byte>(result, result.get() + offset) : nullptr;
+  std::byte* const at = result.get() + offset;
+  std::shared_ptr<std::byte> view = value.nbytes() ? std::shared_ptr<std::byte>(std::move(result), at) : nullptr;
   return Tensor::from_shared(std::move(view), value.dtype(), value.shape(), device).as_read_only();
 }
 
@@ -152,11 +156,12 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
   for (const internal::Pack& pack : packs) {
     segments.clear();
     for (std::size_t i : pack.leaves) segments.push_back(segment_of(leaves[i]));
-    const std::shared_ptr<std::byte> result = reduce_segments(ch, segments, pack.dtype, op, call);
+    std::shared_ptr<std::byte> result = reduce_segments(ch, segments, pack.dtype, op, call);
     call.signature_tag = 0;
     std::size_t offset = 0;
-    for (std::size_t i : pack.leaves) {
-      out[i] = result_view(result, offset, leaves[i], device);
+    for (std::size_t k = 0; k < pack.leaves.size(); ++k) {
+      const std::size_t i = pack.leaves[k];
+      out[i] = result_view(k + 1 < pack.leaves.size() ? result : std::move(result), offset, leaves[i], device);
       offset += leaves[i].nbytes();
     }
   }
@@ -200,14 +205,20 @@ void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value,
 // The tag describe_all_reduce's Signature would have, hashed from the
 // arguments in place: a Signature costs heap allocations per leaf (hundreds
 // for a model's gradients), and is built only to explain a mismatch.
-std::uint64_t all_reduce_tag(const Signature& sig, ReduceOp op, std::string_view structure,
-                             std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
-  internal::TagHasher tag(sig.op, sig.sequence);
+// all_reduce_hash is all of it but the sequence (for a TagMemo).
+internal::TagHasher all_reduce_hash(std::string_view op_name, ReduceOp op, std::string_view structure,
+                                    std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
+  internal::TagHasher tag(op_name);
   all_reduce_fields(op, structure, bytes_per_pack,
                     [&](std::string_view key, std::string_view text) { tag.field(key, text); });
   tag.leaf_count(leaves.size());
   for (const Tensor& t : leaves) tag.leaf(t.dtype(), t.shape().dims_span());
-  return tag.finish(sig.error_code.has_value());
+  return tag;
+}
+
+std::uint64_t all_reduce_tag(const Signature& sig, ReduceOp op, std::string_view structure,
+                             std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
+  return all_reduce_hash(sig.op, op, structure, leaves, bytes_per_pack).finish(sig.sequence, sig.error_code.has_value());
 }
 
 // The rest of an all_reduce once it has begun: `leaves` are the value
@@ -246,7 +257,12 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options) {
   auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
-  call.signature_tag = all_reduce_tag(sig, op, leaf_structure(), {&value, 1}, opts.bytes_per_pack);
+  const auto& memo = ch.all_reduce_memo.get(
+      {static_cast<std::int64_t>(op), opts.bytes_per_pack}, value.dtype(), value.shape().dims_span(), [&] {
+        return internal::CallMemo<>::Entry{
+            .state = all_reduce_hash(sig.op, op, leaf_structure(), {&value, 1}, opts.bytes_per_pack).state()};
+      });
+  call.signature_tag = internal::TagHasher::resume(memo.state).finish(sig.sequence, sig.error_code.has_value());
   try {
     const Communicator::Segment whole = segment_of(value);
     return result_view(reduce_segments(ch, {&whole, 1}, value.dtype(), op, call), 0, value, /*device=*/{});
@@ -429,18 +445,25 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
   auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
   ReplicaChannel& ch = *channel_;
   internal::validate_gather_leaf(value, axis, sig);
-  internal::TagHasher tag(sig.op, sig.sequence);
-  all_gather_fields(axis, leaf_structure(), [&](std::string_view key, std::string_view text) { tag.field(key, text); });
-  tag.leaf_count(1);
-  tag.leaf(value.dtype(), value.shape().dims_span());
+  const auto& memo = ch.all_gather_memo.get({axis, 0}, value.dtype(), value.shape().dims_span(), [&] {
+    internal::TagHasher tag(sig.op);
+    all_gather_fields(axis, leaf_structure(), [&](std::string_view key, std::string_view text) { tag.field(key, text); });
+    tag.leaf_count(1);
+    tag.leaf(value.dtype(), value.shape().dims_span());
+    decltype(ch.all_gather_memo)::Entry entry{.state = tag.state()};
+    Signature verdict;  // on the value alone (sig's may be on the options)
+    internal::validate_gather_leaf(value, axis, verdict);
+    if (!verdict.error_code) entry.extra = same_shapes_layout(ch, value, axis);
+    return entry;
+  });
   CollectiveCall first = call;
-  first.signature_tag = tag.finish(sig.error_code.has_value());
+  first.signature_tag = internal::TagHasher::resume(memo.state).finish(sig.sequence, sig.error_code.has_value());
   // gather_same_shapes for one value, without its vectors.
   try {
     if (sig.error_code) {
       ch.comm->barrier(first);  // the tag says this replica's value is invalid: every replica throws
     } else {
-      return gather_leaf(ch, value, same_shapes_layout(ch, value, axis), first);
+      return gather_leaf(ch, value, *memo.extra, first);  // a valid value has its layout
     }
   } catch (const internal::SignatureMismatch&) {
   }
@@ -507,11 +530,11 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes
   // call and the types' digest (the readable names are hashed once per
   // instantiation, not per call); if the hashes differ, a second round
   // exchanges full signatures, with the names, to explain.
-  internal::TagHasher tag(sig.op, sig.sequence);
+  internal::TagHasher tag(sig.op);
   tag.field(kMergeTypesField, std::string_view(reinterpret_cast<const char*>(&types.digest), sizeof types.digest));
   std::vector<const void*> all_args;
   try {
-    const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = tag.finish(false)}, call);
+    const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = tag.finish(sig.sequence, false)}, call);
     for (const auto& e : entries) all_args.push_back(e.send);
   } catch (const internal::SignatureMismatch&) {
     sig.fields = {{kMergeTypesField, types.names}};

@@ -175,8 +175,10 @@ Signature Signature::decode(std::string_view bytes) {
   return s;
 }
 
-std::uint64_t TagHasher::finish(bool local_error) const {
-  std::uint64_t z = h_;
+std::uint64_t TagHasher::finish(std::uint64_t sequence, bool local_error) const {
+  TagHasher last = *this;
+  last.word(sequence);
+  std::uint64_t z = last.h_;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -184,13 +186,13 @@ std::uint64_t TagHasher::finish(bool local_error) const {
 }
 
 std::uint64_t Signature::tag(bool with_leaves) const {
-  TagHasher h(op, sequence);
+  TagHasher h(op);
   for (const auto& [k, v] : fields) h.field(k, v);
   if (with_leaves) {
     h.leaf_count(leaves.size());
     for (const auto& leaf : leaves) h.leaf(leaf.dtype, leaf.dims);
   }
-  return h.finish(error_code.has_value());
+  return h.finish(sequence, error_code.has_value());
 }
 
 void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule rule, int axis,

@@ -5,6 +5,8 @@
 // the same error, with the same message, on every replica.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -13,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "distribute/dtype.h"
@@ -52,7 +55,8 @@ struct Signature {
 // Signature::tag computed from the parts, without building a Signature: a
 // collective's fast path hashes its arguments where they are, and builds the
 // full Signature only to explain a mismatch. Feed it what Signature::tag
-// reads, in the same order (op and sequence, fields, then the leaves).
+// reads, in the same order (op, fields, then the leaves); finish() mixes in
+// the sequence last, so that the rest can be kept from call to call (TagMemo).
 //
 // Eight bytes at a time, each word mixed in by a multiply and a shift (as
 // splitmix64's steps), then splitmix64's finaliser. A signature is about 150
@@ -61,9 +65,12 @@ struct Signature {
 // keys of a call site fold into the code.
 class TagHasher {
  public:
-  TagHasher(std::string_view op, std::uint64_t sequence) {
-    str(op);
-    word(sequence);
+  explicit TagHasher(std::string_view op) { str(op); }
+  // Goes on from a state() kept earlier.
+  static TagHasher resume(std::uint64_t state) {
+    TagHasher h;
+    h.h_ = state;
+    return h;
   }
   void field(std::string_view key, std::string_view value) {
     str(key);
@@ -75,10 +82,12 @@ class TagHasher {
     word(dims.size());
     bytes(dims.data(), dims.size_bytes());
   }
+  std::uint64_t state() const { return h_; }
   // Never 0; bit 0 set if `local_error`.
-  std::uint64_t finish(bool local_error) const;
+  std::uint64_t finish(std::uint64_t sequence, bool local_error) const;
 
  private:
+  TagHasher() = default;
   void word(std::uint64_t w) {
     h_ = (h_ ^ w) * 0xbf58476d1ce4e5b9ull;
     h_ ^= h_ >> 31;
@@ -100,6 +109,43 @@ class TagHasher {
     bytes(s.data(), s.size());
   }
   std::uint64_t h_ = 0x9e3779b97f4a7c15ull;
+};
+
+// What a collective of one value works out from its arguments before any
+// data moves, kept from the last call: a replica issues the same collective
+// step after step. `state` is the tag less the sequence (hashing the fields,
+// about 150 bytes in one multiply chain, was a third of the API's own cost per
+// call); `extra`, what else the call site keeps (all_gather: its layout).
+// Keyed on the value's dtype and dims and on `Key`, the call site's other
+// arguments (reduce op and bytes_per_pack, or axis): all that both depend on.
+template <class Extra = std::monostate>
+class CallMemo {
+ public:
+  using Key = std::array<std::int64_t, 2>;
+  struct Entry {
+    std::uint64_t state = 0;
+    Extra extra{};
+  };
+  // The entry for these arguments, from make() where the memo has another.
+  // Valid until the next get().
+  template <class Make>
+  const Entry& get(const Key& key, DType dtype, std::span<const std::int64_t> dims, Make&& make) {
+    if (valid_ && key == key_ && dtype == dtype_ && std::ranges::equal(dims, dims_)) return entry_;
+    valid_ = false;  // until the new key is whole (make() may throw)
+    entry_ = make();
+    key_ = key;
+    dtype_ = dtype;
+    dims_.assign(dims.begin(), dims.end());
+    valid_ = true;
+    return entry_;
+  }
+
+ private:
+  bool valid_ = false;
+  Key key_{};
+  DType dtype_ = DType::kFloat32;
+  std::vector<std::int64_t> dims_;
+  Entry entry_;
 };
 
 // How leaf shapes must agree.

@@ -138,9 +138,9 @@ MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
     out.names += (out.names.empty() ? "" : ", ") + std::string(status == 0 && name ? name : t->name());
     std::free(name);
   }
-  TagHasher digest("merge_call types", 0);
+  TagHasher digest("merge_call types");
   digest.field("names", out.names);
-  out.digest = digest.finish(false);
+  out.digest = digest.finish(0, false);
   return out;
 }
 

@@ -226,6 +226,71 @@ TEST(FailureTest, DifferentReduceOps) {
       "InvalidArgumentError", "different reduce op (replica 0: SUM; replica 1: MEAN)");
 }
 
+// A replica keeps its last one-Tensor all_reduce's and all_gather's tag, less
+// the sequence, from call to call (a TagMemo). After calls that agreed, a
+// change of any part of what it is keyed on, on one replica alone, is still
+// seen, with the error a first call would raise; a change on every replica
+// is no error.
+TEST(FailureTest, AChangeAfterAgreeingCallsIsStillSeen) {
+  const Tensor floats = constant({1.f, 2.f});
+  const Tensor floats_2x3 = fill(DType::kFloat32, Shape{2, 3}, 1);
+  struct Case {
+    std::string name;
+    std::function<void(ReplicaContext&, bool changed)> call;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {"all_reduce dtype",
+       [&](ReplicaContext& ctx, bool changed) { ctx.all_reduce(ReduceOp::kSum, changed ? constant({1, 2}) : floats); },
+       "different dtypes"},
+      {"all_reduce length",
+       [&](ReplicaContext& ctx, bool changed) {
+         ctx.all_reduce(ReduceOp::kSum, changed ? constant({1.f, 2.f, 3.f}) : floats);
+       },
+       "replica 0: (2,); replica 1: (3,)"},
+      {"all_reduce rank",
+       [&](ReplicaContext& ctx, bool changed) {
+         ctx.all_reduce(ReduceOp::kSum, changed ? fill(DType::kFloat32, Shape{2, 1}, 1) : floats);
+       },
+       "replica 0: (2,); replica 1: (2, 1)"},
+      {"all_reduce op",
+       [&](ReplicaContext& ctx, bool changed) { ctx.all_reduce(changed ? ReduceOp::kMax : ReduceOp::kSum, floats); },
+       "different reduce op (replica 0: SUM; replica 1: MAX)"},
+      {"all_reduce bytes_per_pack",
+       [&](ReplicaContext& ctx, bool changed) {
+         ctx.all_reduce(ReduceOp::kSum, floats, {.bytes_per_pack = changed ? 4096 : 0});
+       },
+       "bytes_per_pack"},
+      {"all_gather axis",
+       [&](ReplicaContext& ctx, bool changed) { ctx.all_gather(floats_2x3, changed ? 1 : 0); },
+       "axis"},
+      {"all_gather shape",
+       [&](ReplicaContext& ctx, bool changed) {
+         ctx.all_gather(changed ? fill(DType::kFloat32, Shape{2, 4}, 1) : floats_2x3, 0);
+       },
+       "(2, 4)"},
+      {"all_gather dtype",
+       [&](ReplicaContext& ctx, bool changed) {
+         ctx.all_gather(changed ? fill(DType::kInt32, Shape{2, 3}, 1) : floats_2x3, 0);
+       },
+       "different dtypes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    expect_collective_error(
+        2,
+        [&](ReplicaContext& ctx) {
+          for (int i = 0; i < 3; ++i) c.call(ctx, false);
+          c.call(ctx, ctx.replica_id_in_sync_group() == 1);
+        },
+        "InvalidArgumentError", c.fragment);
+    auto s = testing::mirrored(2);
+    s->run([&](ReplicaContext& ctx) {
+      for (bool changed : {false, false, true, true, false}) c.call(ctx, changed);
+    });
+  }
+}
+
 TEST(FailureTest, InvalidOptionsOnOneReplica) {
   expect_collective_error(
       2,
