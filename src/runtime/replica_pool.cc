@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <system_error>
+#include <utility>
 
 namespace distribute::internal {
 namespace {
@@ -21,6 +22,16 @@ void name_replica_thread(int replica) {
   ::pthread_setname_np(::pthread_self(), name);
 }
 
+// Where a replica thread starts: the injection point of
+// fail_thread_starts_for_testing.
+template <class Body>
+void start_thread(std::vector<std::thread>& threads, Body&& body) {
+  if (starts_before_failure >= 0 && starts_before_failure-- == 0) {
+    throw std::system_error(EAGAIN, std::generic_category(), "could not start a replica thread (injected)");
+  }
+  threads.emplace_back(std::forward<Body>(body));
+}
+
 }  // namespace
 
 void fail_thread_starts_for_testing(int starts) { starts_before_failure = starts; }
@@ -28,12 +39,7 @@ void fail_thread_starts_for_testing(int starts) { starts_before_failure = starts
 ReplicaPool::ReplicaPool(int replicas) {
   workers_.reserve(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0));
   try {
-    for (int r = 1; r < replicas; ++r) {
-      if (starts_before_failure >= 0 && starts_before_failure-- == 0) {
-        throw std::system_error(EAGAIN, std::generic_category(), "could not start a replica thread (injected)");
-      }
-      workers_.emplace_back([this, r] { worker_loop(r); });
-    }
+    for (int r = 1; r < replicas; ++r) start_thread(workers_, [this, r] { worker_loop(r); });
   } catch (...) {
     // The threads already started must be stopped and joined here: no
     // destructor runs for a half-made pool, and a joinable std::thread
@@ -86,13 +92,25 @@ void ReplicaPool::run(const std::function<void(int)>& task) {
   task_ = nullptr;
 }
 
-void run_on_new_threads(int replicas, const std::function<void(int)>& task) {
+void run_on_new_threads(int replicas, const std::function<void(int)>& task,
+                        const std::function<void(int, const std::exception_ptr&)>& abort) {
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0));
-  for (int r = 1; r < replicas; ++r) threads.emplace_back([&task, r] {
-      name_replica_thread(r);
-      task(r);
-    });
+  try {
+    for (int r = 1; r < replicas; ++r) {
+      start_thread(threads, [&task, r] {
+        name_replica_thread(r);
+        task(r);
+      });
+    }
+  } catch (...) {
+    // The replicas started may be waiting in collectives for those that
+    // never will be: abort their collectives, so that they return, and join
+    // them (a joinable thread destroyed unjoined ends the process).
+    abort(static_cast<int>(threads.size()) + 1, std::current_exception());
+    for (auto& t : threads) t.join();
+    throw;
+  }
   task(0);
   for (auto& t : threads) t.join();
 }

@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -39,13 +40,17 @@ class ReplicaPool {
 };
 
 // Tests: on this thread, the thread start that comes after `starts` more
-// (in the pools it makes from now) fails with std::system_error, as when
+// (in the pools it makes from now, and in run_on_new_threads) fails with std::system_error, as when
 // the system has no thread to give; then the injection is off. -1 turns it
 // off at once.
 void fail_thread_starts_for_testing(int starts);
 
 // Runs task(i) for i in [0, replicas) with task(0) on this thread and the
-// others on new threads (for nested runs from inside a merge_fn).
-void run_on_new_threads(int replicas, const std::function<void(int)>& task);
+// others on new threads (for nested runs from inside a merge_fn). If replica
+// r's thread cannot start, abort(r, error) must make the replicas already
+// started return (they may be waiting for r); they are joined and the error
+// is raised, before task(0) runs.
+void run_on_new_threads(int replicas, const std::function<void(int)>& task,
+                        const std::function<void(int, const std::exception_ptr&)>& abort);
 
 }  // namespace distribute::internal

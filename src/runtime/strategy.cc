@@ -327,7 +327,12 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   if (depth == 0) {
     state_->pool.run(replica_main);
   } else {
-    internal::run_on_new_threads(n, replica_main);
+    internal::run_on_new_threads(n, replica_main, [&](int i, const std::exception_ptr& error) {
+      res.abort(ErrorCode::kAborted,
+                "Replica " + std::to_string(first_replica_id_ + i) + " of a nested run could not start (" +
+                    internal::describe_exception(error) + "); the collectives of the other replicas were aborted.",
+                i);
+    });
   }
   // The last merge_fn's result (and a copy job's tensors) would otherwise
   // stay in the group's entries until the next run.

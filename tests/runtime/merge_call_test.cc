@@ -6,10 +6,13 @@
 #include <chrono>
 #include <mutex>
 #include <set>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "comm/threads/local_group.h"
 #include "runtime/mode.h"
+#include "runtime/replica_pool.h"
 #include "runtime/replica_channel.h"
 #include "testing/strategies.h"
 
@@ -194,6 +197,38 @@ TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
   });
   EXPECT_EQ(r[0], 600);
   EXPECT_EQ(r[1], 600);
+}
+
+// A nested run whose third replica's thread cannot start: the replica that
+// did start, waiting in an all_reduce for the other two, is aborted and
+// joined, and the run raises the system's error at once (before, the started
+// thread was destroyed unjoined, which ends the process). Nested steps run
+// again afterwards.
+TEST(MergeCallTest, ANestedRunThatCannotStartAllItsThreadsFailsCleanly) {
+  auto s = testing::mirrored(3);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    s->run([](ReplicaContext& ctx) {
+      ctx.merge_call([](Strategy& strategy) {
+        internal::fail_thread_starts_for_testing(1);  // on this thread: the nested run's second start
+        strategy.extended().call_for_each_replica(
+            [](ReplicaContext& inner) { return inner.all_reduce(ReduceOp::kSum, constant(1)); });
+      });
+    });
+    ADD_FAILURE() << "a nested run of 3 replicas ran with 2 threads";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not start a replica thread"), std::string::npos) << e.what();
+  }
+  internal::fail_thread_starts_for_testing(-1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  auto r = s->run([](ReplicaContext& ctx) {
+    return ctx.merge_call([](Strategy& strategy) {
+      auto inner = strategy.extended().call_for_each_replica(
+          [](ReplicaContext& c) { return c.all_reduce(ReduceOp::kSum, constant(c.replica_id_in_sync_group())); });
+      return inner[0];
+    });
+  });
+  for (const Tensor& t : r.values()) EXPECT_EQ(t, constant(3));
 }
 
 // The last merge_fn's result sits in replica 0's entry of the group until
