@@ -167,7 +167,7 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
     for (std::size_t i : pack.leaves) segments.push_back(segment_of(leaves[i]));
     std::shared_ptr<std::byte> result = reduce_segments(ch, segments, pack.dtype, op, call);
     call.signature_tag = 0;
-    if (pack.leaves.size() > 1) result = own_reference(std::move(result));
+    if (pack.leaves.size() > 1 && ch.local->size() > 1) result = own_reference(std::move(result));
     std::size_t offset = 0;
     for (std::size_t k = 0; k < pack.leaves.size(); ++k) {
       const std::size_t i = pack.leaves[k];
@@ -215,7 +215,7 @@ void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value,
 // The tag describe_all_reduce's Signature would have, hashed from the
 // arguments in place: a Signature costs heap allocations per leaf (hundreds
 // for a model's gradients), and is built only to explain a mismatch.
-// all_reduce_hash is all of it but the sequence (for a TagMemo).
+// all_reduce_hash is all of it but the sequence (for a CallMemo).
 internal::TagHasher all_reduce_hash(std::string_view op_name, ReduceOp op, std::string_view structure,
                                     std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
   internal::TagHasher tag(op_name);
@@ -463,7 +463,12 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
     decltype(ch.all_gather_memo)::Entry entry{.state = tag.state()};
     Signature verdict;  // on the value alone (sig's may be on the options)
     internal::validate_gather_leaf(value, axis, verdict);
-    if (!verdict.error_code) entry.extra = same_shapes_layout(ch, value, axis);
+    try {
+      if (!verdict.error_code) entry.extra = same_shapes_layout(ch, value, axis);
+    } catch (const Error&) {
+      // Sizes past int64: raised below where a layout is needed, so that
+      // an invalid option elsewhere still gives every replica its error.
+    }
     return entry;
   });
   CollectiveCall first = call;
@@ -473,7 +478,8 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
     if (sig.error_code) {
       ch.comm->barrier(first);  // the tag says this replica's value is invalid: every replica throws
     } else {
-      return gather_leaf(ch, value, *memo.extra, first);  // a valid value has its layout
+      if (!memo.extra) return gather_leaf(ch, value, same_shapes_layout(ch, value, axis), first);  // raises
+      return gather_leaf(ch, value, *memo.extra, first);
     }
   } catch (const internal::SignatureMismatch&) {
   }

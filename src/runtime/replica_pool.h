@@ -48,8 +48,8 @@ void fail_thread_starts_for_testing(int starts);
 // Runs task(i) for i in [0, replicas) with task(0) on this thread and the
 // others on new threads (for nested runs from inside a merge_fn). If replica
 // r's thread cannot start, abort(r, error) must make the replicas already
-// started return (they may be waiting for r); they are joined and the error
-// is raised, before task(0) runs.
+// started return (they may be waiting for r), and must not throw; they are
+// joined and the error is raised, before task(0) runs.
 void run_on_new_threads(int replicas, const std::function<void(int)>& task,
                         const std::function<void(int, const std::exception_ptr&)>& abort);
 

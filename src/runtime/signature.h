@@ -56,7 +56,7 @@ struct Signature {
 // collective's fast path hashes its arguments where they are, and builds the
 // full Signature only to explain a mismatch. Feed it what Signature::tag
 // reads, in the same order (op, fields, then the leaves); finish() mixes in
-// the sequence last, so that the rest can be kept from call to call (TagMemo).
+// the sequence last, so that the rest can be kept from call to call (CallMemo).
 //
 // Eight bytes at a time, each word mixed in by a multiply and a shift (as
 // splitmix64's steps), then splitmix64's finaliser. A signature is about 150

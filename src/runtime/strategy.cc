@@ -327,11 +327,18 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   if (depth == 0) {
     state_->pool.run(replica_main);
   } else {
-    internal::run_on_new_threads(n, replica_main, [&](int i, const std::exception_ptr& error) {
-      res.abort(ErrorCode::kAborted,
-                "Replica " + std::to_string(first_replica_id_ + i) + " of a nested run could not start (" +
-                    internal::describe_exception(error) + "); the collectives of the other replicas were aborted.",
-                i);
+    // Made before any thread starts: the abort must not fail for want of memory.
+    const std::string cannot_start =
+        "A replica of a nested run could not start; the collectives of the other replicas were aborted.";
+    internal::run_on_new_threads(n, replica_main, [&](int i, const std::exception_ptr& error) noexcept {
+      try {
+        res.abort(ErrorCode::kAborted,
+                  "Replica " + std::to_string(first_replica_id_ + i) + " of a nested run could not start (" +
+                      internal::describe_exception(error) + "); the collectives of the other replicas were aborted.",
+                  i);
+      } catch (...) {
+        res.abort(ErrorCode::kAborted, cannot_start, i);
+      }
     });
   }
   // The last merge_fn's result (and a copy job's tensors) would otherwise

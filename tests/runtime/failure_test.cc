@@ -227,54 +227,72 @@ TEST(FailureTest, DifferentReduceOps) {
 }
 
 // A replica keeps its last one-Tensor all_reduce's and all_gather's tag, less
-// the sequence, from call to call (a TagMemo). After calls that agreed, a
-// change of any part of what it is keyed on, on one replica alone, is still
-// seen, with the error a first call would raise; a change on every replica
-// is no error.
+// the sequence, from call to call (a CallMemo; all_gather's layout too).
+// After calls that agreed, a change of any part of what it is keyed on, or an
+// invalid option (not in the key: its verdict is a bit of the tag), on one
+// replica alone is still seen, with the error a first call would raise. A
+// valid change on every replica gives, call after call, the results the same
+// calls give on a fresh strategy.
 TEST(FailureTest, AChangeAfterAgreeingCallsIsStillSeen) {
   const Tensor floats = constant({1.f, 2.f});
   const Tensor floats_2x3 = fill(DType::kFloat32, Shape{2, 3}, 1);
+  const CommunicationOptions bad_timeout{.timeout = std::chrono::duration<double>(-1)};
   struct Case {
     std::string name;
-    std::function<void(ReplicaContext&, bool changed)> call;
+    std::function<Tensor(ReplicaContext&, bool changed)> call;
     std::string fragment;
+    bool change_is_valid = true;
   };
   const std::vector<Case> cases = {
       {"all_reduce dtype",
-       [&](ReplicaContext& ctx, bool changed) { ctx.all_reduce(ReduceOp::kSum, changed ? constant({1, 2}) : floats); },
+       [&](ReplicaContext& ctx, bool changed) {
+         return ctx.all_reduce(ReduceOp::kSum, changed ? constant({1, 2}) : floats);
+       },
        "different dtypes"},
       {"all_reduce length",
        [&](ReplicaContext& ctx, bool changed) {
-         ctx.all_reduce(ReduceOp::kSum, changed ? constant({1.f, 2.f, 3.f}) : floats);
+         return ctx.all_reduce(ReduceOp::kSum, changed ? constant({1.f, 2.f, 3.f}) : floats);
        },
        "replica 0: (2,); replica 1: (3,)"},
       {"all_reduce rank",
        [&](ReplicaContext& ctx, bool changed) {
-         ctx.all_reduce(ReduceOp::kSum, changed ? fill(DType::kFloat32, Shape{2, 1}, 1) : floats);
+         return ctx.all_reduce(ReduceOp::kSum, changed ? fill(DType::kFloat32, Shape{2, 1}, 1) : floats);
        },
        "replica 0: (2,); replica 1: (2, 1)"},
       {"all_reduce op",
-       [&](ReplicaContext& ctx, bool changed) { ctx.all_reduce(changed ? ReduceOp::kMax : ReduceOp::kSum, floats); },
+       [&](ReplicaContext& ctx, bool changed) {
+         return ctx.all_reduce(changed ? ReduceOp::kMax : ReduceOp::kSum, floats);
+       },
        "different reduce op (replica 0: SUM; replica 1: MAX)"},
       {"all_reduce bytes_per_pack",
        [&](ReplicaContext& ctx, bool changed) {
-         ctx.all_reduce(ReduceOp::kSum, floats, {.bytes_per_pack = changed ? 4096 : 0});
+         return ctx.all_reduce(ReduceOp::kSum, floats, {.bytes_per_pack = changed ? 4096 : 0});
        },
        "bytes_per_pack"},
+      {"all_reduce bad option",
+       [&](ReplicaContext& ctx, bool changed) {
+         return ctx.all_reduce(ReduceOp::kSum, floats, changed ? bad_timeout : CommunicationOptions{});
+       },
+       "all_reduce #4 on replica 1: Argument `timeout` must be >= 0 seconds", false},
       {"all_gather axis",
-       [&](ReplicaContext& ctx, bool changed) { ctx.all_gather(floats_2x3, changed ? 1 : 0); },
-       "axis"},
+       [&](ReplicaContext& ctx, bool changed) { return ctx.all_gather(floats_2x3, changed ? 1 : 0); }, "axis"},
       {"all_gather shape",
        [&](ReplicaContext& ctx, bool changed) {
-         ctx.all_gather(changed ? fill(DType::kFloat32, Shape{2, 4}, 1) : floats_2x3, 0);
+         return ctx.all_gather(changed ? fill(DType::kFloat32, Shape{2, 4}, 1) : floats_2x3, 0);
        },
        "(2, 4)"},
       {"all_gather dtype",
        [&](ReplicaContext& ctx, bool changed) {
-         ctx.all_gather(changed ? fill(DType::kInt32, Shape{2, 3}, 1) : floats_2x3, 0);
+         return ctx.all_gather(changed ? fill(DType::kInt32, Shape{2, 3}, 1) : floats_2x3, 0);
        },
        "different dtypes"},
+      {"all_gather bad option",
+       [&](ReplicaContext& ctx, bool changed) {
+         return ctx.all_gather(floats_2x3, 0, changed ? bad_timeout : CommunicationOptions{});
+       },
+       "all_gather #4 on replica 1: Argument `timeout` must be >= 0 seconds", false},
   };
+  const std::vector<bool> steps = {false, false, true, true, false};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     expect_collective_error(
@@ -284,10 +302,17 @@ TEST(FailureTest, AChangeAfterAgreeingCallsIsStillSeen) {
           c.call(ctx, ctx.replica_id_in_sync_group() == 1);
         },
         "InvalidArgumentError", c.fragment);
+    if (!c.change_is_valid) continue;
     auto s = testing::mirrored(2);
-    s->run([&](ReplicaContext& ctx) {
-      for (bool changed : {false, false, true, true, false}) c.call(ctx, changed);
+    auto warm = s->run([&](ReplicaContext& ctx) {
+      std::vector<Tensor> results;
+      for (bool changed : steps) results.push_back(c.call(ctx, changed));
+      return results;
     });
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      auto cold = testing::mirrored(2)->run([&](ReplicaContext& ctx) { return c.call(ctx, steps[k]); });
+      for (std::size_t r = 0; r < 2; ++r) EXPECT_EQ(warm[r][k], cold[r]) << "step " << k << ", replica " << r;
+    }
   }
 }
 
