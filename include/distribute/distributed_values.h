@@ -25,6 +25,7 @@
 
 #include "distribute/errors.h"
 #include "distribute/nest.h"
+#include "distribute/tensor.h"
 
 namespace distribute {
 
@@ -83,7 +84,8 @@ inline constexpr bool is_distributed_values_v<Mirrored<T>> = true;
 
 // ---- select_replica: what replica i sees of a value -----------------------
 // A PerReplica/Mirrored gives its i-th component; std::tuple, std::pair and
-// std::vector are mapped element-wise; anything else is shared unchanged.
+// std::vector are mapped element-wise; a Tensor, and a Nest<Tensor>'s
+// leaves, are shared read-only; anything else is shared unchanged.
 template <class T>
 struct ReplicaSelection {
   using type = T;
@@ -101,6 +103,24 @@ struct ReplicaSelection<Mirrored<T>> {
   using type = T;
   static const T& select(std::size_t i, const Mirrored<T>& v) { return v.component(i); }
   static constexpr bool kDistributed = true;
+};
+// A Tensor every replica receives (an argument of run, a merge_fn's result)
+// is one storage for all of them: each gets it read-only, as an all_reduce
+// result, so that a write by one replica cannot race with the others' reads
+// (TensorFlow's tensors are immutable). clone() gives a writable copy.
+template <>
+struct ReplicaSelection<Tensor> {
+  using type = Tensor;
+  static Tensor select(std::size_t, const Tensor& v) { return v.as_read_only(); }
+  static constexpr bool kDistributed = false;
+};
+template <>
+struct ReplicaSelection<Nest<Tensor>> {
+  using type = Nest<Tensor>;
+  static Nest<Tensor> select(std::size_t, const Nest<Tensor>& v) {
+    return v.map([](const Tensor& leaf) { return leaf.as_read_only(); });
+  }
+  static constexpr bool kDistributed = false;
 };
 template <class... Ts>
 struct ReplicaSelection<std::tuple<Ts...>> {

@@ -14,6 +14,7 @@
 #include "runtime/mode.h"
 #include "runtime/replica_pool.h"
 #include "runtime/replica_channel.h"
+#include "testing/shared_results.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -197,6 +198,35 @@ TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
   });
   EXPECT_EQ(r[0], 600);
   EXPECT_EQ(r[1], 600);
+}
+
+// A merge_fn's plain Tensor result reaches every replica as one storage:
+// each gets it read-only, as an all_reduce result (TensorFlow's tensors are
+// immutable; here a write would race with the other replicas' reads). A
+// Nest<Tensor>'s leaves likewise. A Mirrored result gives each replica its
+// own component, which stays writable.
+TEST(MergeCallTest, SharedTensorResultsAreReadOnlyOwnComponentsWritable) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    std::vector<const void*> addresses(static_cast<std::size_t>(n));
+    s->run([&](ReplicaContext& ctx) {
+      const Tensor plain = ctx.merge_call([](Strategy&) { return constant({1.f, 2.f, 3.f}); });
+      EXPECT_EQ(plain, constant({1.f, 2.f, 3.f}));
+      EXPECT_TRUE(plain.is_read_only());
+      EXPECT_TRUE(testing::refuses_writes(plain, "float32 (3,)", plain.device()));
+      addresses[static_cast<std::size_t>(ctx.local_replica_id())] = plain.raw_data();
+      const Nest<Tensor> tree =
+          ctx.merge_call([](Strategy&) { return Nest<Tensor>::list({Nest<Tensor>(constant({7}))}); });
+      EXPECT_TRUE(tree[0].leaf().is_read_only());
+      const Tensor own = ctx.merge_call(
+          [](Strategy& strategy, const PerReplica<Tensor>& v) { return strategy.extended().broadcast_to(v[0]); },
+          constant({ctx.replica_id_in_sync_group()}));
+      EXPECT_EQ(own, constant({0}));
+      EXPECT_FALSE(own.is_read_only());
+      own.mutable_flat<int>()[0] = 1;  // the replica's own copy
+    });
+    for (const void* a : addresses) EXPECT_EQ(a, addresses[0]);  // one storage for all
+  }
 }
 
 // A nested run whose third replica's thread cannot start: the replica that

@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "testing/shared_results.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -122,6 +123,38 @@ TEST(RunTest, PerReplicaArgumentsAreSplitOthersShared) {
         },
         per_replica, mirrored_int, shared);
     for (int i = 0; i < n; ++i) EXPECT_EQ(r[static_cast<std::size_t>(i)], i * 10 + 100);
+  }
+}
+
+// A Tensor every replica receives is one storage for all of them: each
+// replica gets it read-only (a write would race with the others' reads),
+// and so are a shared Nest<Tensor>'s leaves; a PerReplica component is the
+// replica's own and stays writable. The caller's own tensor is unchanged.
+TEST(RunTest, SharedTensorArgumentsAreReadOnlyOwnComponentsWritable) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    std::vector<Tensor> parts;
+    for (int i = 0; i < n; ++i) parts.push_back(constant({i, i}));
+    const PerReplica<Tensor> per_replica(parts);
+    const Tensor shared = constant({1.f, 2.f});
+    const Nest<Tensor> nest = Nest<Tensor>::dict({{"w", Nest<Tensor>(constant({3, 4}))}});
+    auto r = s->run(
+        [&](const Tensor& mine, const Tensor& common, const Nest<Tensor>& tree) {
+          EXPECT_TRUE(common.is_read_only());
+          EXPECT_EQ(common.raw_data(), shared.raw_data());  // shared, not copied
+          EXPECT_TRUE(testing::refuses_writes(common, "float32 (2,)", shared.device()));
+          EXPECT_TRUE(tree["w"].leaf().is_read_only());
+          EXPECT_EQ(tree["w"].leaf(), constant({3, 4}));
+          EXPECT_FALSE(mine.is_read_only());
+          mine.mutable_flat<int>()[0] += 1;  // its own component
+          Tensor copy = common.clone();
+          copy.mutable_flat<float>()[0] = 5.f;
+          return mine.flat<int>()[0] + static_cast<int>(copy.flat<float>()[0] + common.flat<float>()[1]);
+        },
+        per_replica, shared, nest);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(r[static_cast<std::size_t>(i)], i + 1 + 7);
+    EXPECT_FALSE(shared.is_read_only());
+    EXPECT_FALSE(nest["w"].leaf().is_read_only());
   }
 }
 
