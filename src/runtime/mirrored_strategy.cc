@@ -201,14 +201,15 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
   CollectiveCall call;
   call.op = "MultiWorkerMirroredStrategy()";
   call.sequence = 0;
-  if (options.timeout) {
-    call.timeout_seconds = std::max(0.0, options.timeout->count());  // 0: wait for ever, as the options say
+  if (options.timeout && options.timeout->count() >= 0) {  // (a NaN fails this too)
+    call.timeout_seconds = options.timeout->count();       // 0: wait for ever, as the options say
   } else {
+    // No timeout in the options, or an invalid one (this worker's own error,
+    // which it raises after the meeting): the environment's, if it has one.
     try {
       call.timeout_seconds = env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     } catch (const Error&) {
-      // This worker's own error (the options set no timeout): it waits for
-      // the others without one, then raises it.
+      // This worker's own error too: it waits for the others without one.
     }
   }
   std::vector<std::string> all;

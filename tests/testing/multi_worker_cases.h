@@ -492,19 +492,23 @@ inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
 inline void AWorkerWithBadArgumentsFailsEveryWorkerAtOnce(const WorkerEnv& env) {
   if (env.workers < 2) return;
   const int culprit = env.workers - 1;
-  for (const bool bad_options : {false, true}) {
+  // The culprit's bad count, bad bytes_per_pack, or bad timeout (with which
+  // it meets the others under the environment's timeout, here none).
+  for (const std::string bad : {"at least one local replica", "bytes_per_pack", "timeout"}) {
     CommunicationOptions options;
     options.timeout = kTestTimeout;
     int local = env.local_replicas;
-    if (env.worker == culprit && bad_options) options.bytes_per_pack = -1;
-    if (env.worker == culprit && !bad_options) local = 0;
+    if (env.worker == culprit) {
+      if (bad == "bytes_per_pack") options.bytes_per_pack = -1;
+      if (bad == "timeout") options.timeout = std::chrono::duration<double>(-1);
+      if (bad == "at least one local replica") local = 0;
+    }
     std::string message;
     const auto start = std::chrono::steady_clock::now();
     const std::string kind = error_kind([&] { env.make(local, options); }, &message);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(kind, "InvalidArgumentError") << message;
-    EXPECT_NE(message.find(bad_options ? "bytes_per_pack" : "at least one local replica"), std::string::npos)
-        << message;
+    EXPECT_NE(message.find(bad), std::string::npos) << message;
     if (env.worker != culprit) {
       EXPECT_NE(message.find("worker " + std::to_string(culprit) + " could not create its strategy"),
                 std::string::npos)
