@@ -122,22 +122,26 @@ struct ReplicaSelection<Nest<Tensor>> {
   }
   static constexpr bool kDistributed = false;
 };
+// (Elements are selected and held by value, their types decayed: an element
+// that is a reference, to a Tensor say, gets the replica's own read-only
+// copy, never a reference to a temporary.)
 template <class... Ts>
 struct ReplicaSelection<std::tuple<Ts...>> {
-  using type = std::tuple<typename ReplicaSelection<Ts>::type...>;
+  using type = std::tuple<typename ReplicaSelection<std::decay_t<Ts>>::type...>;
   static type select(std::size_t i, const std::tuple<Ts...>& v) {
     return std::apply([i](const auto&... e) { return type(ReplicaSelection<std::decay_t<decltype(e)>>::select(i, e)...); },
                       v);
   }
-  static constexpr bool kDistributed = (ReplicaSelection<Ts>::kDistributed || ...);
+  static constexpr bool kDistributed = (ReplicaSelection<std::decay_t<Ts>>::kDistributed || ...);
 };
 template <class A, class B>
 struct ReplicaSelection<std::pair<A, B>> {
-  using type = std::pair<typename ReplicaSelection<A>::type, typename ReplicaSelection<B>::type>;
+  using type = std::pair<typename ReplicaSelection<std::decay_t<A>>::type, typename ReplicaSelection<std::decay_t<B>>::type>;
   static type select(std::size_t i, const std::pair<A, B>& v) {
-    return type(ReplicaSelection<A>::select(i, v.first), ReplicaSelection<B>::select(i, v.second));
+    return type(ReplicaSelection<std::decay_t<A>>::select(i, v.first), ReplicaSelection<std::decay_t<B>>::select(i, v.second));
   }
-  static constexpr bool kDistributed = ReplicaSelection<A>::kDistributed || ReplicaSelection<B>::kDistributed;
+  static constexpr bool kDistributed =
+      ReplicaSelection<std::decay_t<A>>::kDistributed || ReplicaSelection<std::decay_t<B>>::kDistributed;
 };
 template <class T>
 struct ReplicaSelection<std::vector<T>> {

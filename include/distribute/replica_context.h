@@ -94,7 +94,8 @@ class ReplicaContext {
   // local replicas (in replica order); then gives each replica its share of
   // the result: a PerReplica or Mirrored result (also inside std::tuple,
   // std::pair or std::vector) gives each replica its own component, anything
-  // else is shared. Only replica 0's merge_fn runs, as in TensorFlow; all
+  // else is shared (a Tensor, or a Nest<Tensor>'s leaves, read-only:
+  // select_replica). Only replica 0's merge_fn runs, as in TensorFlow; all
   // replicas must pass a merge_fn and arguments of the same types.
   template <class MergeFn, class... Args>
   auto merge_call(MergeFn&& merge_fn, const Args&... args);

@@ -184,7 +184,8 @@ class Strategy {
 
   // Runs fn once per local replica, in parallel, in replica context. fn may
   // take ReplicaContext& first; the other parameters receive args, each
-  // PerReplica/Mirrored argument split so replica i gets component i.
+  // PerReplica/Mirrored argument split so replica i gets component i, a
+  // Tensor shared by all read-only (select_replica).
   // Returns PerReplica<R> of the results (nothing for void). If a replica
   // throws, the others are aborted and run rethrows the first failure.
   template <class Fn, class... Args>
@@ -313,8 +314,11 @@ auto Strategy::experimental_distribute_values_from_function(Fn&& fn) {
 }
 
 namespace internal {
+// Returns by value: an argument may reach fn as a temporary (a Tensor every
+// replica receives is the replica's read-only copy), and a reference fn
+// returns to it must not outlive this call.
 template <class Fn, class... Args>
-decltype(auto) invoke_replica_fn(ReplicaContext& ctx, Fn& fn, const Args&... args) {
+auto invoke_replica_fn(ReplicaContext& ctx, Fn& fn, const Args&... args) {
   const auto i = static_cast<std::size_t>(ctx.local_replica_id());
   if constexpr (std::is_invocable_v<Fn&, ReplicaContext&, select_replica_t<Args>...>) {
     return fn(ctx, select_replica(i, args)...);

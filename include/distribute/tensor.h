@@ -3,7 +3,8 @@
 // Tensor: a dtype, a shape and shared row-major storage, with the device it
 // lives on. Copies share storage (as TensorFlow's handles do); clone() copies
 // the bytes. A read-only tensor (all_reduce's and all_gather's results,
-// whose storage the replicas of one process share) refuses writes. Printing follows
+// whose storage the replicas of one process share, and a tensor every
+// replica receives whole) refuses writes. Printing follows
 // TensorFlow's eager repr.
 //
 //   Tensor a = constant({1, 2, 3});              // int32, shape (3,)
@@ -116,7 +117,8 @@ class Tensor {
   // Whether writes through this tensor are refused. all_reduce's and
   // all_gather's results are read-only: in one process the replicas may
   // share one result's storage, where a write by one replica would change
-  // (and race with) the others'.
+  // (and race with) the others'. So is a Tensor every replica receives whole
+  // (a run argument, a merge_fn's result: select_replica).
   // Copies, reshape() and with_device() keep the flag; clone() gives a
   // writable copy. (from_shared(storage(), ...) makes a writable view: the
   // caller then answers for the sharers.)

@@ -168,7 +168,7 @@ void check_same_variable(const PerReplica<Variable>& vars, std::string_view api)
 template <class Fn, class... Args>
 auto update_variable_components(Variable& var, Fn& fn, const Args&... args) {
   using R = std::decay_t<std::invoke_result_t<Fn&, Tensor&, select_replica_t<Args>...>>;
-  auto one = [&](std::size_t i) -> decltype(auto) {
+  auto one = [&](std::size_t i) {  // by value: an argument may be a temporary (select_replica)
     DeviceScope device(var.values()[i].device());
     return fn(var.mutable_component(i), select_replica(i, args)...);
   };

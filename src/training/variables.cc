@@ -200,6 +200,10 @@ void Variable::check_component(std::size_t i, std::string_view api) {
                                std::string(to_string(bad.dtype())) + bad.shape().to_string() +
                                "; the component is now zeros");
   }
+  // A replacement the replicas share (an argument every replica received
+  // whole arrives read-only): the component takes a copy of its own, so that
+  // the variable's later writes neither fail nor reach anything else.
+  if (c.is_read_only()) c = c.clone();
   if (c.device() != state_->strategy->devices()[i]) c = c.with_device(state_->strategy->devices()[i]);
 }
 

@@ -208,7 +208,7 @@ TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
 TEST(MergeCallTest, SharedTensorResultsAreReadOnlyOwnComponentsWritable) {
   for (int n : testing::kReplicaCounts) {
     auto s = testing::mirrored(n);
-    std::vector<const void*> addresses(static_cast<std::size_t>(n));
+    std::vector<const void*> addresses(static_cast<std::size_t>(n)), own_addresses(static_cast<std::size_t>(n));
     s->run([&](ReplicaContext& ctx) {
       const Tensor plain = ctx.merge_call([](Strategy&) { return constant({1.f, 2.f, 3.f}); });
       EXPECT_EQ(plain, constant({1.f, 2.f, 3.f}));
@@ -224,8 +224,12 @@ TEST(MergeCallTest, SharedTensorResultsAreReadOnlyOwnComponentsWritable) {
       EXPECT_EQ(own, constant({0}));
       EXPECT_FALSE(own.is_read_only());
       own.mutable_flat<int>()[0] = 1;  // the replica's own copy
+      own_addresses[static_cast<std::size_t>(ctx.local_replica_id())] = own.raw_data();
     });
     for (const void* a : addresses) EXPECT_EQ(a, addresses[0]);  // one storage for all
+    for (std::size_t i = 0; i < own_addresses.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) EXPECT_NE(own_addresses[i], own_addresses[j]);  // one each
+    }
   }
 }
 

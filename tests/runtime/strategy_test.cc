@@ -158,6 +158,35 @@ TEST(RunTest, SharedTensorArgumentsAreReadOnlyOwnComponentsWritable) {
   }
 }
 
+// Inside a std::tuple, std::pair or std::vector a shared Tensor is read-only
+// too, and a tuple's reference element becomes the replica's read-only copy
+// (not a reference to a temporary). A replica function that returns a
+// reference to its argument returns a copy of it (the argument may be a
+// temporary; ASan would see a read of it after its end).
+TEST(RunTest, SharedTensorsInsideTuplesPairsAndVectorsAreReadOnly) {
+  auto s = testing::mirrored(2);
+  const Tensor a = constant({1, 2});
+  const Tensor b = constant({3.f});
+  auto sizes = s->run(
+      [&](const std::tuple<Tensor, int>& t, const std::tuple<Tensor>& by_ref, const std::pair<Tensor, Tensor>& p,
+          const std::vector<Tensor>& v) {
+        EXPECT_TRUE(std::get<0>(t).is_read_only());
+        EXPECT_TRUE(std::get<0>(by_ref).is_read_only());
+        EXPECT_EQ(std::get<0>(by_ref).raw_data(), a.raw_data());
+        EXPECT_TRUE(p.first.is_read_only());
+        EXPECT_TRUE(p.second.is_read_only());
+        for (const Tensor& e : v) EXPECT_TRUE(e.is_read_only());
+        return std::get<1>(t) + static_cast<int>(v.size());
+      },
+      std::make_tuple(a, 5), std::forward_as_tuple(a), std::make_pair(a, b), std::vector<Tensor>{a, b});
+  for (int r : sizes.values()) EXPECT_EQ(r, 7);
+  auto same = s->run([](const Tensor& t) -> const Tensor& { return t; }, b);
+  for (const Tensor& t : same.values()) {
+    EXPECT_EQ(t, constant({3.f}));
+    EXPECT_TRUE(t.is_read_only());
+  }
+}
+
 TEST(RunTest, WrongNumberOfComponentsIsAnError) {
   auto s = testing::mirrored(2);
   PerReplica<int> three(std::vector<int>{1, 2, 3});

@@ -416,6 +416,30 @@ TEST(VariableUpdate, InAReplicaOneMergeCallUpdatesEachComponentOnce) {
   }
 }
 
+// A Tensor argument every component receives whole arrives read-only
+// (select_replica); a component replaced with it takes a copy of its own, so
+// that the variable stays writable and its components apart.
+TEST(VariableUpdate, ACrossReplicaArgumentIsReadOnlyAndAReplacementIsCopied) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable w(constant(1.f));
+  const Tensor seven = constant(7.f);
+  s->extended().update(w, [&](Tensor& c, const Tensor& x) {
+    EXPECT_TRUE(x.is_read_only());
+    EXPECT_EQ(x.raw_data(), seven.raw_data());
+    c = x;
+  }, seven);
+  EXPECT_EQ(components(w), (std::vector<float>{7.f, 7.f, 7.f}));
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    EXPECT_FALSE(w.values()[i].is_read_only()) << "component " << i;
+    EXPECT_NE(w.values()[i].raw_data(), seven.raw_data()) << "component " << i;
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(w.values()[i].raw_data(), w.values()[j].raw_data());
+  }
+  w.assign_add(constant(1.f));  // written once per component, not three times into one storage
+  EXPECT_EQ(components(w), (std::vector<float>{8.f, 8.f, 8.f}));
+  EXPECT_EQ(seven, constant(7.f));
+}
+
 TEST(VariableUpdate, AnFnThatChangesTheShapeIsRefused) {
   auto s = mirrored(2);
   auto scope = s->scope();
