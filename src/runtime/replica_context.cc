@@ -267,10 +267,12 @@ Nest<Tensor> ReplicaContext::all_reduce(ReduceOp op, const Nest<Tensor>& value, 
 Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const CommunicationOptions& options) {
   auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
+  const std::int64_t bytes_per_pack = opts.bytes_per_pack;  // (a lambda captures no structured binding: clang 14)
+  const std::string_view op_name = sig.op;
   const auto& memo = ch.all_reduce_memo.get(
-      {static_cast<std::int64_t>(op), opts.bytes_per_pack}, value.dtype(), value.shape().dims_span(), [&] {
+      {static_cast<std::int64_t>(op), bytes_per_pack}, value.dtype(), value.shape().dims_span(), [&] {
         return internal::CallMemo<>::Entry{
-            .state = all_reduce_hash(sig.op, op, leaf_structure(), {&value, 1}, opts.bytes_per_pack).state()};
+            .state = all_reduce_hash(op_name, op, leaf_structure(), {&value, 1}, bytes_per_pack).state()};
       });
   call.signature_tag = internal::TagHasher::resume(memo.state).finish(sig.sequence, sig.error_code.has_value());
   try {
@@ -455,8 +457,9 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
   auto [opts, call, sig] = begin_collective(*this, "all_gather", options);
   ReplicaChannel& ch = *channel_;
   internal::validate_gather_leaf(value, axis, sig);
+  const std::string_view op_name = sig.op;  // (a lambda captures no structured binding: clang 14)
   const auto& memo = ch.all_gather_memo.get({axis, 0}, value.dtype(), value.shape().dims_span(), [&] {
-    internal::TagHasher tag(sig.op);
+    internal::TagHasher tag(op_name);
     all_gather_fields(axis, leaf_structure(), [&](std::string_view key, std::string_view text) { tag.field(key, text); });
     tag.leaf_count(1);
     tag.leaf(value.dtype(), value.shape().dims_span());
