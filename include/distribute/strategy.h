@@ -360,6 +360,23 @@ auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... a
     return PerReplica<R>(std::move(values));
   }
 }
+
+// What update() in a replica context hands each replica: the whole result,
+// its own copy, with every tensor (alone, as a Nest<Tensor>'s leaf, in a
+// tuple, pair or vector) a read-only view. The components are one storage for
+// every replica (and often the variable's own), so a write through one
+// replica's result would race with the others' reads; clone() to write.
+template <class R>
+Mirrored<R> replica_copy_of_update_result(const Mirrored<R>& whole) {
+  if constexpr (!ReplicaSelection<R>::kDistributed && std::is_same_v<select_replica_t<R>, R>) {
+    std::vector<R> values;
+    values.reserve(whole.size());
+    for (std::size_t i = 0; i < whole.size(); ++i) values.push_back(select_replica(i, whole.component(i)));
+    return Mirrored<R>(std::move(values));
+  } else {
+    return whole;  // a type select_replica would change: shared as it is
+  }
+}
 }  // namespace internal
 
 template <class Fn, class... Args>
@@ -377,18 +394,19 @@ auto StrategyExtended::update(Mirrored<T>& var, Fn&& fn, const Args&... args) {
   using R = std::decay_t<std::invoke_result_t<Fn&, T&, select_replica_t<Args>...>>;
   if (ReplicaContext* ctx = internal::replica_context_of(*strategy_)) {
     // Replica context: one merge_call, in which every component is updated once
-    // with its own replica's arguments. The whole Mirrored result is shared.
+    // with its own replica's arguments. Every replica gets the whole Mirrored
+    // result, its tensors read-only.
     if constexpr (std::is_void_v<R>) {
       ctx->merge_call([&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
         s.extended().update_components(var, fn, grouped...);
       }, args...);
       return;
     } else {
-      return *ctx->merge_call(
+      return internal::replica_copy_of_update_result(*ctx->merge_call(
           [&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
-            return std::make_shared<Mirrored<R>>(s.extended().update_components(var, fn, grouped...));
+            return std::make_shared<const Mirrored<R>>(s.extended().update_components(var, fn, grouped...));
           },
-          args...);
+          args...));
     }
   } else {
     strategy_->require_cross_replica_or_default("update");

@@ -210,14 +210,14 @@ auto StrategyExtended::update(Variable& var, Fn&& fn, const Args&... args) {
       if constexpr (std::is_void_v<R>) {
         internal::update_variable_components(v, fn, grouped...);
       } else {
-        return std::make_shared<Mirrored<R>>(internal::update_variable_components(v, fn, grouped...));
+        return std::make_shared<const Mirrored<R>>(internal::update_variable_components(v, fn, grouped...));
       }
     };
     if constexpr (std::is_void_v<R>) {
       ctx->merge_call(merge_fn, var, args...);
       return;
     } else {
-      return *ctx->merge_call(merge_fn, var, args...);
+      return internal::replica_copy_of_update_result(*ctx->merge_call(merge_fn, var, args...));
     }
   }
   strategy_->require_cross_replica_or_default("update");

@@ -439,6 +439,47 @@ TEST(ExtendedTest, UpdateInCrossReplicaAndReplicaContext) {
   EXPECT_THROW(s->extended().update(wrong, add, constant(1.f)), InvalidArgumentError);
 }
 
+// update() in a replica context hands every replica the whole result, whose
+// tensors are one storage for all of them (here the variable's components
+// themselves): each replica's are read-only views, alone or inside a pair or
+// a Nest, so a write by one replica cannot race with the others' reads. The
+// variable stays writable.
+TEST(ExtendedTest, UpdateResultsInAReplicaContextAreReadOnly) {
+  for (int n : testing::kReplicaCounts) {
+    const auto count = static_cast<std::size_t>(n);
+    auto s = testing::mirrored(n);
+    std::vector<Tensor> init;
+    for (std::size_t i = 0; i < count; ++i) init.push_back(constant({0.f, 0.f}));
+    Mirrored<Tensor> var(std::move(init));
+    auto set = [](Tensor& v, const Tensor& x) {
+      v = constant({x.scalar<float>(), 1.f});
+      return v;  // the component itself
+    };
+    auto both = [](Tensor& v, const Tensor&) { return std::make_pair(v, Nest<Tensor>::list({Nest<Tensor>(v)})); };
+    std::vector<std::vector<const void*>> seen(count);
+    s->run([&](ReplicaContext& ctx) {
+      const auto id = static_cast<float>(ctx.replica_id_in_sync_group());
+      const Mirrored<Tensor> out = s->extended().update(var, set, constant(id));
+      ASSERT_EQ(out.size(), count);
+      for (std::size_t i = 0; i < count; ++i) {
+        EXPECT_EQ(out[i], constant({static_cast<float>(i), 1.f}));
+        EXPECT_TRUE(testing::refuses_writes(out[i], "float32 (2,)", out[i].device()));
+        seen[static_cast<std::size_t>(ctx.local_replica_id())].push_back(out[i].raw_data());
+      }
+      const auto pairs = s->extended().update(var, both, constant(id));
+      for (std::size_t i = 0; i < count; ++i) {
+        EXPECT_TRUE(pairs[i].first.is_read_only());
+        EXPECT_TRUE(pairs[i].second[0].leaf().is_read_only());
+      }
+    });
+    for (std::size_t i = 0; i < count; ++i) {
+      for (const auto& replica : seen) EXPECT_EQ(replica.at(i), var[i].raw_data());  // one storage: the variable's
+      var.mutable_values()[i].mutable_flat<float>()[1] = 2.f;  // the variable itself stays writable
+      EXPECT_EQ(var[i], constant({static_cast<float>(i), 2.f}));
+    }
+  }
+}
+
 TEST(ExtendedTest, CallForEachReplica) {
   auto s = testing::mirrored(2);
   auto scope = s->scope();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/shared_results.h"
 #include "testing/strategies.h"
 
 namespace distribute {
@@ -438,6 +439,36 @@ TEST(VariableUpdate, ACrossReplicaArgumentIsReadOnlyAndAReplacementIsCopied) {
   w.assign_add(constant(1.f));  // written once per component, not three times into one storage
   EXPECT_EQ(components(w), (std::vector<float>{8.f, 8.f, 8.f}));
   EXPECT_EQ(seven, constant(7.f));
+}
+
+// A Variable's update in a replica context that returns the component: every
+// replica gets the whole result read-only (it is the variable's storage, and
+// every replica's), and the variable is still written through its own API.
+TEST(VariableUpdate, InAReplicaTheWholeResultIsReadOnly) {
+  auto s = mirrored(3);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(0.f));
+  }
+  s->run([&](ReplicaContext& ctx) {
+    const Mirrored<Tensor> out = s->extended().update(
+        *w,
+        [](Tensor& c, const Tensor& id) -> Tensor& {
+          c.mutable_flat<float>()[0] = id.scalar<float>() + 1.f;
+          return c;
+        },
+        constant(static_cast<float>(ctx.replica_id_in_sync_group())));
+    ASSERT_EQ(out.size(), 3u);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      EXPECT_EQ(out[i], constant(static_cast<float>(i) + 1.f));
+      EXPECT_EQ(out[i].raw_data(), w->values()[i].raw_data());
+      EXPECT_TRUE(testing::refuses_writes(out[i], "float32 ()", out[i].device()));
+    }
+  });
+  EXPECT_EQ(components(*w), (std::vector<float>{1.f, 2.f, 3.f}));
+  w->assign_add(constant(1.f));
+  EXPECT_EQ(components(*w), (std::vector<float>{2.f, 3.f, 4.f}));
 }
 
 TEST(VariableUpdate, AnFnThatChangesTheShapeIsRefused) {
