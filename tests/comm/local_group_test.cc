@@ -210,7 +210,7 @@ std::uint64_t small_value(const std::byte* p) {
   return v;
 }
 
-// Small rounds (each member's bytes in the line that announces it) among
+// Small rounds (each member's bytes in the lines that announce it) among
 // ordinary and release rounds: every member sees every member's bytes of its
 // round, members leaving small rounds early never upset the counting of the
 // others, and (a spin of 0) a member asleep in a round of either kind is
@@ -242,6 +242,43 @@ TEST(LocalGroupTest, SmallRoundsAmongOrdinaryOnesSeeEveryMembersBytes) {
       for (auto& e : errors) EXPECT_FALSE(e) << "spin " << spin << ", " << n << " members: " << message_of(e);
       // A lost wake-up would end only at a round's 10 s timeout.
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "spin " << spin << ", " << n;
+    }
+  }
+}
+
+// A small round carries up to kSmallBytes per member in a block of cache
+// lines: every byte of every member's block arrives, whatever its length
+// (one line, a line and one byte, the whole block), round after round, the
+// lengths differing between members, spinning or asleep.
+TEST(LocalGroupTest, SmallRoundsCarryEveryByteOfTheirBlock) {
+  constexpr std::size_t kMax = LocalGroup::kSmallBytes;
+  const std::size_t lengths[] = {0, 1, 48, 49, 112, 113, kMax - 1, kMax};
+  const auto byte_of = [](int member, std::uint64_t round, std::size_t i) {
+    return static_cast<std::byte>((static_cast<std::size_t>(member) * 131 + round * 17 + i * 7) & 0xff);
+  };
+  for (const char* spin : {"1000", "0"}) {
+    const ScopedSpin scoped(spin);
+    for (int n : {1, 2, 3, 5}) {
+      LocalGroup group(n);
+      auto errors = run_threads(n, [&](int r) {
+        std::vector<std::byte> mine(kMax);
+        for (std::uint64_t round = 0; round < 64; ++round) {
+          // Member q sends lengths[(round + q) % 8] bytes.
+          const std::size_t length = lengths[(round + static_cast<std::uint64_t>(r)) % std::size(lengths)];
+          for (std::size_t i = 0; i < length; ++i) mine[i] = byte_of(r, round, i);
+          const auto data = group.arrive_small(r, mine.data(), length, call("test", round + 1));
+          ASSERT_EQ(data.size(), static_cast<std::size_t>(n));
+          for (int q = 0; q < n; ++q) {
+            const std::size_t theirs = lengths[(round + static_cast<std::uint64_t>(q)) % std::size(lengths)];
+            for (std::size_t i = 0; i < theirs; ++i) {
+              ASSERT_EQ(data[static_cast<std::size_t>(q)][i], byte_of(q, round, i))
+                  << "member " << r << " reading member " << q << ", round " << round << ", byte " << i << " of "
+                  << theirs;
+            }
+          }
+        }
+      });
+      for (auto& e : errors) EXPECT_FALSE(e) << "spin " << spin << ", " << n << " members: " << message_of(e);
     }
   }
 }

@@ -53,12 +53,15 @@ class AllReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp
 
 TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
   const auto [dtype, op] = GetParam();
-  // The most elements a small round carries (48 bytes), and one more.
-  const std::size_t small = LocalGroup::kSmallBytes / size_of(dtype);
+  // The latency path is one small round: the elements of its first cache
+  // line (48 bytes) and one more; the most it takes (1 KiB) and one more.
+  const std::size_t one_line = 48 / size_of(dtype);
+  const std::size_t latency = SharedMemoryCommunicator::kLatencyPathBytes / size_of(dtype);
   for (int n : {1, 2, 3, 4, 7, 8}) {
     // 255/256/257 straddle the 1 KiB latency path for 4-byte types.
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, small, small + 1, std::size_t{255},
-                              std::size_t{256}, std::size_t{257}, std::size_t{1000}, std::size_t{65537}}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, one_line, one_line + 1, std::size_t{255},
+                              std::size_t{256}, std::size_t{257}, latency, latency + 1, std::size_t{1000},
+                              std::size_t{65537}}) {
       for (std::size_t stream_from : {kNeverStream, std::size_t{1}}) {
         // Up to 1 KiB (the latency path) nothing streams: run it once.
         if (stream_from == 1 && count * size_of(dtype) <= SharedMemoryCommunicator::kLatencyPathBytes) continue;
@@ -387,6 +390,41 @@ TEST_P(GatherTest, RaggedRowsLandInRankOrderWithinEachOuterRow) {
 INSTANTIATE_TEST_SUITE_P(Matrix, GatherTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 7), ::testing::Values<std::size_t>(0, 1, 5)));
 
+// Contributions at the edge of a small round (LocalGroup::kSmallBytes): the
+// largest decides the path for every member, so ragged counts straddle it too.
+TEST(GatherTest, ContributionsAtTheEdgeOfASmallRound) {
+  const std::size_t edge = LocalGroup::kSmallBytes / sizeof(std::int32_t);
+  for (int n : {2, 3, 7}) {
+    for (std::size_t largest : {edge, edge + 1}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " largest=" + std::to_string(largest));
+      std::vector<std::size_t> counts;
+      std::size_t total = 0;
+      for (int r = 0; r < n; ++r) total += counts.emplace_back(largest - static_cast<std::size_t>(r) % 2);
+      auto group = std::make_shared<LocalGroup>(n);
+      std::vector<std::vector<std::int32_t>> recv(static_cast<std::size_t>(n), std::vector<std::int32_t>(total + 1, -1));
+      auto errors = run_threads(n, [&](int r) {
+        std::vector<std::int32_t> send(counts[static_cast<std::size_t>(r)]);
+        for (std::size_t j = 0; j < send.size(); ++j) send[j] = r * 1000000 + static_cast<int>(j);
+        SharedMemoryCommunicator comm(group, r);
+        for (int repeat = 0; repeat < 3; ++repeat) {  // the blocks of both parities, and one reused
+          comm.all_gather_v(send.data(), recv[static_cast<std::size_t>(r)].data(), counts, 1, DType::kInt32,
+                            call("all_gather"));
+        }
+      });
+      for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+      for (int r = 0; r < n; ++r) {
+        std::size_t k = 0;
+        for (int q = 0; q < n; ++q) {
+          for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
+            ASSERT_EQ(recv[static_cast<std::size_t>(r)][k], q * 1000000 + static_cast<int>(j)) << "rank " << r;
+          }
+        }
+        EXPECT_EQ(recv[static_cast<std::size_t>(r)][total], -1) << "rank " << r << " wrote past its output";
+      }
+    }
+  }
+}
+
 // Contributions beyond the 4 KiB inline areas, and outputs past
 // kStreamBytes (streaming stores).
 TEST(GatherLargeTest, BeyondInlineAndStreaming) {
@@ -617,10 +655,12 @@ TEST(SharedAllReduceTest, TheBlockComesBackOnceLetGo) {
 }
 
 TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
-  // 6 doubles (48 bytes): a small round; 7 and 100: the inline path; 10000:
-  // two rounds; past kStreamBytes: streaming stores.
+  // 6 and 7 doubles: a small round's first line and one more; the most a
+  // small round carries, and one more (the inline path); 10000: two rounds;
+  // past kStreamBytes: streaming stores.
+  const std::size_t small = LocalGroup::kSmallBytes / sizeof(double);
   const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(double) + 3;
-  for (std::size_t count : {std::size_t{6}, std::size_t{7}, std::size_t{100}, std::size_t{10000}, streaming}) {
+  for (std::size_t count : {std::size_t{6}, std::size_t{7}, small, small + 1, std::size_t{10000}, streaming}) {
   for (int n : {1, 2, 3, 7}) {
     for (int root = 0; root < n; ++root) {
       if (count > 10000 && (n > 2 || root > 0)) continue;  // one large case is enough

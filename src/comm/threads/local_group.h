@@ -4,8 +4,9 @@
 // last one arrives, all see every member's Entry and go on.
 //
 // A round costs one atomic increment per member and one release store by the
-// last to arrive; a small round (up to kSmallBytes per member) one store per
-// member, into a line of its own that the others watch. Waiters spin for up
+// last to arrive; a small round (up to kSmallBytes per member) one release
+// store per member, into the first line of a block of its own that the
+// others watch, with the bytes in that block. Waiters spin for up
 // to 1 ms (yielding their core instead when members outnumber cores) and
 // then sleep on a condition variable, so idle replicas burn no CPU.
 //
@@ -52,8 +53,10 @@ class LocalGroup {
 
   // Bytes of each member's inline area (per round parity).
   static constexpr std::size_t kInlineBytes = 4 * 1024;
-  // Bytes a small round carries in the very cache line that announces it.
-  static constexpr std::size_t kSmallBytes = 48;
+  // Cache lines of a member's small-round block, and the bytes they carry:
+  // 48 in the first, beside the round number and the tag, 64 in each other.
+  static constexpr std::size_t kSmallLines = 17;
+  static constexpr std::size_t kSmallBytes = 64 * kSmallLines - 16;
 
   // `shares_cores`: other processes on this host compete for the cores (a
   // worker of a multi-worker job), so waiters always yield their core rather
@@ -90,11 +93,13 @@ class LocalGroup {
                                           const void* context, std::shared_ptr<void>& made);
 
   // A round whose entries are at most kSmallBytes of data each, copied into
-  // the group: each member writes its bytes and its arrival into one cache
-  // line of its own, and a waiter watches those lines, so that a member
-  // learns of the last arrival, and reads its bytes, in one transfer between
-  // cores (an ordinary round moves the arrival counter, the round's
-  // completion and the entries: three or four). Returns every member's
+  // the group: each member writes its bytes into a block of cache lines of
+  // its own, then its arrival into the block's first line, and a waiter
+  // watches those first lines, so that a member learns of the last arrival,
+  // and reads its bytes, in one transfer between cores (up to 48 bytes: they
+  // share the line) or two (the other lines, fetched together); an ordinary
+  // round moves the arrival counter, the round's completion, the entries and
+  // the data: three or four in a row. Returns every member's
   // bytes, in member order, readable until this member's next round.
   // Tags are checked as arrive() checks them; a member that meets another in
   // an ordinary round (another collective) throws SignatureMismatch, as the
@@ -150,13 +155,14 @@ class LocalGroup {
   };
   static_assert(sizeof(Member) == 64);
 
-  // A member's announcement of a small round, with its bytes (per parity).
+  // A member's announcement of a small round, with its bytes (per parity):
+  // an 8-byte all_reduce touches the first line alone, a 1 KiB one all 17.
   struct alignas(64) SmallLine {
     std::atomic<std::uint64_t> rounds{0};  // the member's rounds once it holds that round's bytes
     std::uint64_t tag = 0;
     std::byte data[kSmallBytes] = {};
   };
-  static_assert(sizeof(SmallLine) == 64);
+  static_assert(sizeof(SmallLine) == 64 * kSmallLines);
   // What kind of round a member waits in.
   enum class RoundKind { kOrdinary, kRelease, kSmall };
 
@@ -184,6 +190,8 @@ class LocalGroup {
   // Whether every member has arrived at small round `round` (then `small`:
   // whether all came with small entries).
   bool all_here_small(std::uint64_t round, bool& small, std::memory_order order) const;
+  // Whether every member's small line holds round `round` (all came small).
+  bool small_lines_here(std::uint64_t round) const;
   SmallLine& small_line(int member, std::uint64_t round) const {
     return small_lines_[2 * static_cast<std::size_t>(member) + (round & 1)];
   }

@@ -22,7 +22,8 @@ namespace distribute::internal {
 namespace {
 // The most members a communicator reduces from without a heap allocation.
 constexpr int kStackSources = 64;
-static_assert(SharedMemoryCommunicator::kLatencyPathBytes <= LocalGroup::kInlineBytes);
+// all_reduce's and reduce_scatter's latency paths are one small round.
+static_assert(SharedMemoryCommunicator::kLatencyPathBytes <= LocalGroup::kSmallBytes);
 
 // memcpy with non-temporal stores where the destination allows it.
 void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
@@ -183,22 +184,12 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   const void** srcs = source_list.data();
 
   if (bytes <= kLatencyPathBytes) {
-    // Latency path: one round, every member reduces every member's copy (in
-    // the line that announces its arrival, up to LocalGroup::kSmallBytes).
-    const void* mine = nullptr;
-    if (bytes <= LocalGroup::kSmallBytes) {
-      const auto data = group_->arrive_small(rank_, send, bytes, call);
-      for (int q = 0; q < n; ++q) srcs[q] = data[static_cast<std::size_t>(q)];
-      mine = srcs[rank_];
-    } else {
-      std::byte* area = group_->inline_area(rank_);
-      std::memcpy(area, send, bytes);
-      const auto& entries = group_->arrive(rank_, {.send = area, .tag = call.signature_tag}, call);
-      for (int q = 0; q < n; ++q) srcs[q] = entries[static_cast<std::size_t>(q)].send;
-      mine = area;
-    }
+    // Latency path: one small round; every member reduces every member's
+    // copy, straight from the lines that announce its arrival.
+    const auto data = group_->arrive_small(rank_, send, bytes, call);
+    for (int q = 0; q < n; ++q) srcs[q] = data[static_cast<std::size_t>(q)];
     if (n == 1 && !(op == ReduceOp::kMean && divisor > 1)) {
-      if (bytes) std::memcpy(recv, mine, bytes);
+      if (bytes) std::memcpy(recv, srcs[0], bytes);
     } else {
       reduce_sources(recv, {srcs, static_cast<std::size_t>(n)}, count, dtype, op, divisor);
     }
@@ -315,11 +306,10 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, std:
   const bool identity = n == 1 && !(op == ReduceOp::kMean && divisor > 1);
   SourceList source_list(n);
   const void** srcs = source_list.data();
-  // Reduces elements [at, at + len) of this member's block into recv.
-  auto reduce_block = [&](const auto& entries, std::size_t at, std::size_t len) {
-    for (int q = 0; q < n; ++q) {
-      srcs[q] = static_cast<const std::byte*>(entries[static_cast<std::size_t>(q)].send) + (offset + at) * esz;
-    }
+  // Reduces elements [at, at + len) of this member's block into recv, from
+  // every member's input (`input_of(q)`).
+  auto reduce_block = [&](const auto& input_of, std::size_t at, std::size_t len) {
+    for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(input_of(q)) + (offset + at) * esz;
     auto* out = static_cast<std::byte*>(recv) + at * esz;
     if (identity) {
       std::memcpy(out, srcs[0], len * esz);
@@ -329,17 +319,16 @@ void SharedMemoryCommunicator::reduce_scatter(const void* send, void* recv, std:
   };
 
   if (total * esz <= kLatencyPathBytes) {
-    // Latency path: one round through the inline areas, as all_reduce's.
-    std::byte* area = group_->inline_area(rank_);
-    if (total) std::memcpy(area, send, total * esz);
-    const auto& entries = group_->arrive(rank_, {.send = area, .tag = call.signature_tag}, call);
-    if (mine) reduce_block(entries, 0, mine);
+    // Latency path: one small round, as all_reduce's.
+    const auto data = group_->arrive_small(rank_, send, total * esz, call);
+    if (mine) reduce_block([&](int q) { return data[static_cast<std::size_t>(q)]; }, 0, mine);
     return;
   }
   // Bandwidth path: this member's block only, chunk by chunk from every input.
   const auto& entries = group_->arrive(rank_, {.send = send, .tag = call.signature_tag}, call);
+  const auto input_of = [&](int q) { return entries[static_cast<std::size_t>(q)].send; };
   const std::size_t chunk = std::max<std::size_t>(1, kChunkBytes / esz);
-  for (std::size_t at = 0; at < mine; at += chunk) reduce_block(entries, at, std::min(chunk, mine - at));
+  for (std::size_t at = 0; at < mine; at += chunk) reduce_block(input_of, at, std::min(chunk, mine - at));
   if (n > 1) group_->release(rank_, call);  // nobody leaves while others still read its input
 }
 
@@ -351,8 +340,8 @@ void SharedMemoryCommunicator::all_gather_v(const void* send, void* recv, std::s
   for (std::size_t c : counts) total += c;
   total *= outer * esz;
   const std::size_t mine = counts[static_cast<std::size_t>(rank_)] * outer * esz;
-  // Small contributions travel through the inline areas (or, up to 48 bytes,
-  // the lines of a small round): one round.
+  // Small contributions travel in the lines of a small round (up to
+  // LocalGroup::kSmallBytes) or through the inline areas: one round.
   const std::size_t largest = *std::max_element(counts.begin(), counts.end()) * outer * esz;
   const bool inline_path = largest <= LocalGroup::kInlineBytes;
   // Every member's rows, in member order, into this member's output.
@@ -432,7 +421,7 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
                                          const CollectiveCall& call) {
   const std::size_t bytes = count * size_of(dtype);
   if (bytes <= LocalGroup::kSmallBytes) {
-    // The root's bytes in the line of a small round; the others bring none.
+    // The root's bytes in the lines of a small round; the others bring none.
     const auto data = group_->arrive_small(rank_, rank_ == root ? buffer : nullptr, rank_ == root ? bytes : 0, call);
     if (rank_ != root && bytes) std::memcpy(buffer, data[static_cast<std::size_t>(root)], bytes);
     return;

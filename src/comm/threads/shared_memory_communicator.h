@@ -4,10 +4,11 @@
 // other's memory directly. docs/algorithms.md describes each algorithm and
 // its cost.
 //
-// all_reduce, small messages (<= 1 KiB): each member copies
-// its input into its inline area, one round publishes the areas, and every
-// member reduces all of them (in member order) into its own output. One round,
-// no second barrier: inline areas stay valid until the round after next.
+// all_reduce, small messages (<= 1 KiB): one small round (LocalGroup::
+// arrive_small): each member copies its input into the cache lines that
+// announce its arrival, and every member reduces all of them (in member order)
+// into its own output. One round, no second barrier: the lines stay valid
+// until the round after next.
 //
 // all_reduce, large messages: one round publishes (send, recv); member r owns
 // slice r of the elements and, chunk by cache-sized chunk, reduces it from
