@@ -194,12 +194,17 @@ TEST_P(ReduceScatterTest, EachRankGetsItsBlockOfTheReduction) {
   const auto [dtype, op] = GetParam();
   for (int n : {1, 2, 3, 4, 7, 8}) {
     // Equal blocks around the 1 KiB latency path (total bytes) and the 64 KiB
-    // chunk; ragged blocks, an empty one among them.
+    // chunk; ragged blocks, an empty one among them, on the bandwidth path and
+    // on the latency path (a small round).
     std::vector<std::vector<std::size_t>> layouts;
     for (std::size_t c : {0u, 1u, 7u, 64u, 257u, 20000u}) layouts.emplace_back(static_cast<std::size_t>(n), c);
-    std::vector<std::size_t> ragged;
-    for (int r = 0; r < n; ++r) ragged.push_back(r == 0 ? 0 : static_cast<std::size_t>(3 * r + 17000 * (r % 2)));
+    std::vector<std::size_t> ragged, ragged_small;
+    for (int r = 0; r < n; ++r) {
+      ragged.push_back(r == 0 ? 0 : static_cast<std::size_t>(3 * r + 17000 * (r % 2)));
+      ragged_small.push_back(r == 1 ? 0 : static_cast<std::size_t>(r + 1));
+    }
     layouts.push_back(ragged);
+    layouts.push_back(ragged_small);
     for (const auto& counts : layouts) {
       for (bool base : {false, true}) {
         SCOPED_TRACE("n=" + std::to_string(n) + " counts[last]=" + std::to_string(counts.back()) +

@@ -372,7 +372,7 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
       if (i % check_every == 0) {
         if (!release && failed_.load(std::memory_order_relaxed)) break;
         const Clock::time_point now = Clock::now();
-        if (i == check_every) spin_until = now + std::chrono::microseconds(spin_microseconds_);
+        if (spin_until == Clock::time_point::max()) spin_until = now + std::chrono::microseconds(spin_microseconds_);
         if (now >= spin_until) break;
       }
     }
