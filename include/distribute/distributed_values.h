@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "distribute/errors.h"
+#include "distribute/indexed_slices.h"
 #include "distribute/nest.h"
 #include "distribute/tensor.h"
 
@@ -83,9 +86,11 @@ template <class T>
 inline constexpr bool is_distributed_values_v<Mirrored<T>> = true;
 
 // ---- select_replica: what replica i sees of a value -----------------------
-// A PerReplica/Mirrored gives its i-th component; std::tuple, std::pair and
-// std::vector are mapped element-wise; a Tensor, and a Nest<Tensor>'s
-// leaves, are shared read-only; anything else is shared unchanged.
+// A PerReplica/Mirrored gives its i-th component; std::tuple, std::pair,
+// std::vector, std::optional and std::map (its values) are mapped
+// element-wise, as TensorFlow's select_replica maps tuples, lists and dicts;
+// a Tensor, a Nest<Tensor>'s leaves and an IndexedSlices' tensors are shared
+// read-only; anything else is shared unchanged.
 template <class T>
 struct ReplicaSelection {
   using type = T;
@@ -153,6 +158,39 @@ struct ReplicaSelection<std::vector<T>> {
     return out;
   }
   static constexpr bool kDistributed = ReplicaSelection<T>::kDistributed;
+};
+
+// (The element types of an optional and a map's values are taken without
+// const, as a tuple's are decayed: a const Tensor is a Tensor here too.)
+template <class T>
+struct ReplicaSelection<std::optional<T>> {
+  using Element = ReplicaSelection<std::remove_cv_t<T>>;
+  using type = std::optional<typename Element::type>;
+  static type select(std::size_t i, const std::optional<T>& v) {
+    if (!v) return std::nullopt;
+    return type(std::in_place, Element::select(i, *v));
+  }
+  static constexpr bool kDistributed = Element::kDistributed;
+};
+template <class K, class V, class Compare>
+struct ReplicaSelection<std::map<K, V, Compare>> {
+  using Element = ReplicaSelection<std::remove_cv_t<V>>;
+  using type = std::map<K, typename Element::type, Compare>;
+  static type select(std::size_t i, const std::map<K, V, Compare>& v) {
+    type out(v.key_comp());
+    for (const auto& [key, value] : v) out.emplace_hint(out.end(), key, Element::select(i, value));
+    return out;
+  }
+  static constexpr bool kDistributed = Element::kDistributed;
+};
+// Its values and indices, read-only, as a Tensor's.
+template <>
+struct ReplicaSelection<IndexedSlices> {
+  using type = IndexedSlices;
+  static IndexedSlices select(std::size_t, const IndexedSlices& v) {
+    return IndexedSlices(v.values().as_read_only(), v.indices().as_read_only(), v.dense_shape());
+  }
+  static constexpr bool kDistributed = false;
 };
 
 template <class T>

@@ -93,8 +93,9 @@ class ReplicaContext {
   // once, in a cross-replica context, with each argument grouped across the
   // local replicas (in replica order); then gives each replica its share of
   // the result: a PerReplica or Mirrored result (also inside std::tuple,
-  // std::pair or std::vector) gives each replica its own component, anything
-  // else is shared (a Tensor, or a Nest<Tensor>'s leaves, read-only:
+  // std::pair, std::vector, std::optional or a std::map's values) gives each
+  // replica its own component, anything else is shared (a Tensor, a
+  // Nest<Tensor>'s leaves and an IndexedSlices' tensors read-only:
   // select_replica). Only replica 0's merge_fn runs, as in TensorFlow; all
   // replicas must pass a merge_fn and arguments of the same types.
   template <class MergeFn, class... Args>

@@ -362,10 +362,12 @@ auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... a
 }
 
 // What update() in a replica context hands each replica: the whole result,
-// its own copy, with every tensor (alone, as a Nest<Tensor>'s leaf, in a
-// tuple, pair or vector) a read-only view. The components are one storage for
-// every replica (and often the variable's own), so a write through one
-// replica's result would race with the others' reads; clone() to write.
+// its own copy, with every tensor in it a read-only view, as select_replica
+// makes them (alone, as a Nest<Tensor>'s leaf, in a tuple, pair, vector,
+// optional or map, an IndexedSlices' tensors). The components are one
+// storage for every replica (and often the variable's own), so a write
+// through one replica's result would race with the others' reads; clone()
+// to write.
 template <class R>
 Mirrored<R> replica_copy_of_update_result(const Mirrored<R>& whole) {
   if constexpr (!ReplicaSelection<R>::kDistributed && std::is_same_v<select_replica_t<R>, R>) {

@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -185,6 +187,67 @@ TEST(RunTest, SharedTensorsInsideTuplesPairsAndVectorsAreReadOnly) {
     EXPECT_EQ(t, constant({3.f}));
     EXPECT_TRUE(t.is_read_only());
   }
+}
+
+// std::map (its values) and std::optional are mapped as TensorFlow's
+// select_replica maps dicts: a PerReplica inside gives each replica its own
+// component, a Tensor every replica receives is read-only, an empty optional
+// stays empty; an IndexedSlices' values and indices are read-only too, the
+// same storage for every replica. The caller's own values keep their flags.
+TEST(RunTest, MapsOptionalsAndIndexedSlicesAreSelectedPerReplica) {
+  for (int n : testing::kReplicaCounts) {
+    auto s = testing::mirrored(n);
+    std::vector<Tensor> parts;
+    for (int i = 0; i < n; ++i) parts.push_back(constant({i}));
+    const std::map<std::string, PerReplica<Tensor>> features{{"x", PerReplica<Tensor>(parts)}};
+    const std::map<std::string, Tensor> weights{{"w", constant({1.f, 2.f})}};
+    const std::optional<PerReplica<Tensor>> maybe{PerReplica<Tensor>(parts)};
+    const std::optional<Tensor> shared(constant({7}));
+    const std::optional<Tensor> none;
+    const IndexedSlices slices(constant({{1.f, 2.f}}), constant({1}), Shape{3, 2});
+    const std::map<std::string, const Tensor> frozen{{"c", constant({5})}};  // a const element type too
+    auto r = s->run(
+        [&](ReplicaContext& ctx, const std::map<std::string, Tensor>& mine, const std::map<std::string, Tensor>& w,
+            const std::optional<Tensor>& own, const std::optional<Tensor>& common, const std::optional<Tensor>& empty,
+            const IndexedSlices& rows, const std::map<std::string, Tensor>& c) {
+          EXPECT_TRUE(c.at("c").is_read_only());
+          const int id = ctx.replica_id_in_sync_group();
+          EXPECT_EQ(mine.at("x"), constant({id}));
+          EXPECT_FALSE(mine.at("x").is_read_only());  // its own component
+          EXPECT_TRUE(w.at("w").is_read_only());
+          EXPECT_EQ(w.at("w").raw_data(), weights.at("w").raw_data());
+          EXPECT_TRUE(testing::refuses_writes(w.at("w"), "float32 (2,)", weights.at("w").device()));
+          EXPECT_EQ(*own, constant({id}));
+          EXPECT_TRUE(common->is_read_only());
+          EXPECT_EQ(common->raw_data(), shared->raw_data());
+          EXPECT_FALSE(empty.has_value());
+          EXPECT_TRUE(rows.values().is_read_only());
+          EXPECT_TRUE(rows.indices().is_read_only());
+          EXPECT_EQ(rows.values().raw_data(), slices.values().raw_data());
+          EXPECT_EQ(rows.to_dense(), constant({{0.f, 0.f}, {1.f, 2.f}, {0.f, 0.f}}));
+          return mine.at("x").flat<int>()[0] + own->flat<int>()[0];
+        },
+        features, weights, maybe, shared, none, slices, frozen);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(r[static_cast<std::size_t>(i)], 2 * i);
+    EXPECT_FALSE(weights.at("w").is_read_only());
+    EXPECT_FALSE(shared->is_read_only());
+    EXPECT_FALSE(slices.values().is_read_only());
+  }
+}
+
+// A merge_fn's map of Mirrored values gives each replica its own component of
+// each, as TensorFlow's select_replica does with a dict.
+TEST(RunTest, AMergeFnsMapOfMirroredValuesIsSelectedPerReplica) {
+  auto s = testing::mirrored(3);
+  auto r = s->run([](ReplicaContext& ctx) {
+    const std::map<std::string, Tensor> got = ctx.merge_call([](Strategy& strategy, const PerReplica<Tensor>& ids) {
+      return std::map<std::string, Mirrored<Tensor>>{{"sum", strategy.extended().reduce_to(ReduceOp::kSum, ids, ids)}};
+    }, constant(ctx.replica_id_in_sync_group()));
+    return got.at("sum").device() == ctx.strategy().extended().worker_devices()[static_cast<std::size_t>(ctx.local_replica_id())]
+               ? got.at("sum").scalar<int>()
+               : -1;
+  });
+  EXPECT_EQ(r.values(), (std::vector<int>{3, 3, 3}));
 }
 
 TEST(RunTest, WrongNumberOfComponentsIsAnError) {
