@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -335,15 +336,33 @@ using replica_result_t = std::decay_t<decltype(invoke_replica_fn(std::declval<Re
 
 void check_components(std::size_t given, const Strategy& s, std::string_view what);
 
+// Calls count(components) for every PerReplica/Mirrored in `value`, at its
+// top or inside the tuples, pairs, vectors, optionals and maps that
+// select_replica maps; a type it does not know is not looked into.
+template <class T, class Count>
+void for_each_component_count([[maybe_unused]] const T& value, [[maybe_unused]] Count& count) {
+  if constexpr (!ReplicaSelection<T>::kDistributed) {
+    return;
+  } else if constexpr (is_distributed_values_v<T>) {
+    count(value.size());
+  } else if constexpr (requires { std::tuple_size<T>::value; }) {  // std::tuple, std::pair
+    std::apply([&](const auto&... e) { (for_each_component_count(e, count), ...); }, value);
+  } else if constexpr (requires { value.has_value(); }) {  // std::optional
+    if (value) for_each_component_count(*value, count);
+  } else if constexpr (requires { typename T::mapped_type; }) {  // std::map
+    for (const auto& entry : value) for_each_component_count(entry.second, count);
+  } else if constexpr (std::ranges::range<T>) {  // std::vector
+    for (const auto& e : value) for_each_component_count(e, count);
+  }
+}
+
 template <class Fn, class... Args>
 auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... args) {
-  (
-      [&] {
-        if constexpr (ReplicaSelection<Args>::kDistributed && is_distributed_values_v<Args>) {
-          check_components(args.size(), s, api);
-        }
-      }(),
-      ...);
+  // Every distributed value, nested ones too, before any replica starts: one
+  // with too few components would fail in some replicas only, and one with
+  // too many would pass unnoticed.
+  [[maybe_unused]] auto count = [&](std::size_t components) { check_components(components, s, api); };
+  (for_each_component_count(args, count), ...);
   using R = replica_result_t<Fn, Args...>;
   if constexpr (std::is_void_v<R>) {
     s.run_replicas([&](ReplicaContext& ctx) { invoke_replica_fn(ctx, fn, args...); }, api);

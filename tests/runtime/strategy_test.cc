@@ -257,6 +257,33 @@ TEST(RunTest, WrongNumberOfComponentsIsAnError) {
   EXPECT_NE(msg.find("has 3 components"), std::string::npos) << msg;
 }
 
+// Nested distributed values are counted too, before any replica runs: too
+// many components would pass unnoticed, too few would fail in one replica
+// only (an OutOfRangeError there, and the others aborted).
+TEST(RunTest, WrongNumberOfComponentsInsideAnArgumentIsAnError) {
+  auto s = testing::mirrored(2);
+  const PerReplica<int> one(std::vector<int>{1});
+  const PerReplica<int> three(std::vector<int>{1, 2, 3});
+  const PerReplica<int> two(std::vector<int>{1, 2});
+  std::atomic<int> calls{0};
+  const auto expect_refused = [&](const auto& arg, const std::string& components) {
+    const std::string msg = testing::expect_throw<InvalidArgumentError>([&] { s->run([&](const auto&) { ++calls; }, arg); });
+    EXPECT_NE(msg.find("run: a distributed value has " + components + " components but"), std::string::npos) << msg;
+  };
+  expect_refused(std::make_tuple(two, three), "3");
+  expect_refused(std::make_pair(1, one), "1");
+  expect_refused(std::vector<PerReplica<int>>{two, three}, "3");
+  expect_refused(std::optional<PerReplica<int>>(one), "1");
+  expect_refused(std::map<std::string, PerReplica<int>>{{"a", two}, {"b", three}}, "3");
+  expect_refused(std::vector<std::optional<std::tuple<PerReplica<int>>>>{std::make_tuple(one)}, "1");
+  expect_refused(std::vector<std::pair<PerReplica<int>, int>>{{three, 0}}, "3");  // a vector of pairs is no map
+  EXPECT_EQ(calls.load(), 0);  // no replica ran
+  // The right count, or none at all, runs.
+  s->run([&](const std::map<std::string, int>&, const std::optional<int>&) { ++calls; },
+         std::map<std::string, PerReplica<int>>{{"a", two}}, std::optional<PerReplica<int>>());
+  EXPECT_EQ(calls.load(), 2);
+}
+
 TEST(RunTest, VoidFunctionsAndNestedResults) {
   auto s = testing::mirrored(2);
   std::atomic<int> calls{0};
