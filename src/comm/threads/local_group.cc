@@ -102,9 +102,9 @@ LocalGroup::LocalGroup(int size, bool shares_cores)
       members_[static_cast<std::size_t>(m)].inline_area[parity] = area;
     }
   }
-  small_lines_ = std::make_unique<SmallLine[]>(2 * static_cast<std::size_t>(size));
+  small_blocks_ = std::make_unique<SmallBlock[]>(2 * static_cast<std::size_t>(size));
   for (std::uint64_t parity = 0; parity < 2; ++parity) {
-    for (int m = 0; m < size; ++m) small_data_[parity].push_back(small_line(m, parity).data);
+    for (int m = 0; m < size; ++m) small_data_[parity].push_back(small_block(m, parity).data);
   }
 }
 
@@ -266,19 +266,19 @@ void LocalGroup::release(int member, const CollectiveCall& call) {
 bool LocalGroup::all_here_small(std::uint64_t round, bool& small, std::memory_order order) const {
   small = true;
   for (int q = 0; q < size_; ++q) {
-    const SmallLine& line = small_line(q, round);
-    if (line.rounds.load(order) > round) continue;
+    const SmallBlock& block = small_block(q, round);
+    if (block.rounds.load(order) > round) continue;
     if (members_[static_cast<std::size_t>(q)].rounds.load(order) <= round) return false;
-    // Here: its line, written before its arrival, is now visible if it came small.
-    if (line.rounds.load(order) > round) continue;
+    // Here: its block, written before its arrival, is now visible if it came small.
+    if (block.rounds.load(order) > round) continue;
     small = false;  // in an ordinary round: another collective
   }
   return true;
 }
 
-bool LocalGroup::small_lines_here(std::uint64_t round) const {
+bool LocalGroup::small_blocks_here(std::uint64_t round) const {
   for (int q = 0; q < size_; ++q) {
-    if (small_line(q, round).rounds.load(std::memory_order_acquire) <= round) return false;
+    if (small_block(q, round).rounds.load(std::memory_order_acquire) <= round) return false;
   }
   return true;
 }
@@ -292,10 +292,10 @@ std::span<const std::byte* const> LocalGroup::arrive_small(int member, const voi
   if (failed_.load(std::memory_order_acquire)) throw_failure();
   Member& me = members_[static_cast<std::size_t>(member)];
   const std::uint64_t round = me.rounds.load(std::memory_order_relaxed);  // written by this thread only
-  SmallLine& line = small_line(member, round);
-  if (bytes) std::memcpy(line.data, data, bytes);
-  line.tag = call.signature_tag;
-  line.rounds.store(round + 1, kSmallArrivalOrder);
+  SmallBlock& block = small_block(member, round);
+  if (bytes) std::memcpy(block.data, data, bytes);
+  block.tag = call.signature_tag;
+  block.rounds.store(round + 1, kSmallArrivalOrder);
   publish_member(me, round, call, std::memory_order_release);
   // A small round is not counted: its members learn of each other from
   // their lines alone.
@@ -317,7 +317,7 @@ std::span<const std::byte* const> LocalGroup::arrive_small(int member, const voi
     count_arrival(member, round, call, RoundKind::kOrdinary);
     throw SignatureMismatch();
   }
-  if (tags_disagree(size_, [&](int q) { return small_line(q, round).tag; })) throw SignatureMismatch();
+  if (tags_disagree(size_, [&](int q) { return small_block(q, round).tag; })) throw SignatureMismatch();
   return small_data_[round & 1];
 }
 
@@ -354,13 +354,13 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
     Clock::time_point spin_until = Clock::time_point::max();
     const unsigned check_every = yield_while_waiting_ ? 1 : 64;
     for (unsigned i = 1;; ++i) {
-      // A small round's spin reads the members' small lines alone, and their
+      // A small round's spin reads the members' small blocks alone, and their
       // Member lines (where one in an ordinary round shows) only every
       // check_every turns: each member writes its Member line on every
       // arrival, so reading it on every turn moved that line between the
       // cores too.
-      if (small && i % check_every != 0 && check_every > 1) {
-        if (small_lines_here(round)) return;
+      if (small && i % check_every != 0) {  // (never when yielding: check_every is 1)
+        if (small_blocks_here(round)) return;
       } else if (complete(std::memory_order_acquire)) {
         return;
       }
@@ -421,7 +421,7 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
         others_here = false;
       }
     }
-    // A small round's member that arrived and has gone since: its line says so.
+    // A small round's member that arrived and has gone since: its block says so.
     if (!gone.empty() && small && complete(std::memory_order_seq_cst)) return;
     if (!gone.empty() && (!release || others_here)) {
       const std::string label = op_label(call.op, call.sequence);
@@ -501,7 +501,7 @@ void LocalGroup::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   arrivals_.store(0, std::memory_order_relaxed);
   generation_.store(0, std::memory_order_relaxed);
-  for (int i = 0; i < 2 * size_; ++i) small_lines_[static_cast<std::size_t>(i)].rounds.store(0, std::memory_order_relaxed);
+  for (int i = 0; i < 2 * size_; ++i) small_blocks_[static_cast<std::size_t>(i)].rounds.store(0, std::memory_order_relaxed);
   for (int m = 0; m < size_; ++m) {
     Member& me = members_[static_cast<std::size_t>(m)];
     me.rounds.store(0, std::memory_order_relaxed);

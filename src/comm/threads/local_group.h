@@ -157,12 +157,12 @@ class LocalGroup {
 
   // A member's announcement of a small round, with its bytes (per parity):
   // an 8-byte all_reduce touches the first line alone, a 1 KiB one all 17.
-  struct alignas(64) SmallLine {
+  struct alignas(64) SmallBlock {
     std::atomic<std::uint64_t> rounds{0};  // the member's rounds once it holds that round's bytes
     std::uint64_t tag = 0;
     std::byte data[kSmallBytes] = {};
   };
-  static_assert(sizeof(SmallLine) == 64 * kSmallLines);
+  static_assert(sizeof(SmallBlock) == 64 * kSmallLines);
   // What kind of round a member waits in.
   enum class RoundKind { kOrdinary, kRelease, kSmall };
 
@@ -190,10 +190,10 @@ class LocalGroup {
   // Whether every member has arrived at small round `round` (then `small`:
   // whether all came with small entries).
   bool all_here_small(std::uint64_t round, bool& small, std::memory_order order) const;
-  // Whether every member's small line holds round `round` (all came small).
-  bool small_lines_here(std::uint64_t round) const;
-  SmallLine& small_line(int member, std::uint64_t round) const {
-    return small_lines_[2 * static_cast<std::size_t>(member) + (round & 1)];
+  // Whether every member's small block holds round `round` (all came small).
+  bool small_blocks_here(std::uint64_t round) const;
+  SmallBlock& small_block(int member, std::uint64_t round) const {
+    return small_blocks_[2 * static_cast<std::size_t>(member) + (round & 1)];
   }
   // After `round` completed: drops the object of the member's entry in the
   // round before it.
@@ -214,7 +214,7 @@ class LocalGroup {
   std::unique_ptr<Member[]> members_;
   std::vector<Entry> slots_[2];
   std::unique_ptr<std::byte[]> inline_storage_;
-  std::unique_ptr<SmallLine[]> small_lines_;  // [2 * member + parity]
+  std::unique_ptr<SmallBlock[]> small_blocks_;  // [2 * member + parity]
   std::vector<const std::byte*> small_data_[2];  // every member's small bytes, by parity
 
   // Arrivals at counted rounds (every round but a small one whose members
