@@ -61,6 +61,8 @@ MirroredStrategy& strategy(int replicas) {
 // kMergeReduce: merge_call whose merge_fn reduce_to's the replicas' values
 // back onto them (the optimizer's pattern). kCrossReplicaReduce: calls
 // Strategy::reduce inside run, which must be refused on every replica.
+// kBroadcast(Nest): ReplicaContext::broadcast from the replica that the
+// step's axis names (a negative one, or one past the replicas, is invalid).
 enum class Call {
   kAllReduce,
   kAllGather,
@@ -68,6 +70,8 @@ enum class Call {
   kAllGatherNest,
   kMergeReduce,
   kCrossReplicaReduce,
+  kBroadcast,
+  kBroadcastNest,
   kCount
 };
 
@@ -104,7 +108,7 @@ Step decode_step(FuzzedDataProvider& in, int replicas, std::mt19937_64& gen) {
   s.axis = in.ConsumeIntegralInRange<int>(-4, 3);
   static const std::int64_t kPacks[] = {0, 1, 16, 100, 1 << 20};
   s.bytes_per_pack = kPacks[in.ConsumeIntegralInRange<std::size_t>(0, std::size(kPacks) - 1)];
-  const bool nest = s.call == Call::kAllReduceNest || s.call == Call::kAllGatherNest;
+  const bool nest = s.call == Call::kAllReduceNest || s.call == Call::kAllGatherNest || s.call == Call::kBroadcastNest;
   const int leaves = nest ? in.ConsumeIntegralInRange<int>(0, 3) : 1;
   for (int l = 0; l < leaves; ++l) {
     s.dtypes.push_back(kAllDTypes[in.ConsumeIntegralInRange<std::size_t>(0, std::size(kAllDTypes) - 1)]);
@@ -143,8 +147,10 @@ Step decode_step(FuzzedDataProvider& in, int replicas, std::mt19937_64& gen) {
 
 // DISTRIBUTE_FUZZ_VERBOSE=1: what an input decodes to, to read a finding.
 void print_program(int replicas, const std::vector<Step>& steps) {
-  static const char* kCalls[] = {"all_reduce",  "all_gather",      "all_reduce(nest)",
-                                 "all_gather(nest)", "merge_call(reduce_to)", "Strategy::reduce in run"};
+  static const char* kCalls[] = {"all_reduce",       "all_gather",
+                                 "all_reduce(nest)", "all_gather(nest)",
+                                 "merge_call(reduce_to)", "Strategy::reduce in run",
+                                 "broadcast (root: axis)", "broadcast(nest) (root: axis)"};
   static const char* kDeviations[] = {"none", "other dtype", "other shape", "skip", "other call"};
   std::fprintf(stderr, "%d replicas, %zu steps\n", replicas, steps.size());
   for (const Step& s : steps) {
@@ -194,6 +200,13 @@ std::vector<Tensor> perform(ReplicaContext& ctx, const Step& s, int replica) {
     }
     case Call::kCrossReplicaReduce:
       return {ctx.strategy().reduce(s.op, mine.empty() ? constant(0.f) : mine.front(), std::nullopt)};
+    case Call::kBroadcast: {
+      const Tensor value = mine.empty() ? constant(0.f) : mine.front();
+      return {as_nest ? ctx.broadcast(Nest<Tensor>(value), s.axis, options).leaf()
+                      : ctx.broadcast(value, s.axis, options)};
+    }
+    case Call::kBroadcastNest:
+      return ctx.broadcast(mine, s.axis, options);
     case Call::kCount:
       break;
   }
@@ -213,6 +226,8 @@ void check_against_reference(const Step& s, const std::vector<Tensor>& got, int 
     if (gather) {
       const int rank = column.front().shape().rank();
       expected = testing::reference_gather(column, s.axis < 0 ? s.axis + rank : s.axis);
+    } else if (s.call == Call::kBroadcast || s.call == Call::kBroadcastNest) {
+      expected = column[static_cast<std::size_t>(s.axis)];  // it succeeded: the root is a replica
     } else {
       expected = testing::reference_reduce(s.op, column);
     }
@@ -225,10 +240,14 @@ void check_against_reference(const Step& s, const std::vector<Tensor>& got, int 
 
 // Whether a step without a deviation must succeed on every replica: every
 // all_reduce and merge_call(reduce_to) must; an all_gather must unless a value
-// has rank 0 or the axis is out of its range; Strategy::reduce inside run
-// never does (refused where it is called).
+// has rank 0 or the axis is out of its range; a broadcast unless its root is
+// not a replica; Strategy::reduce inside run never does (refused where it is
+// called).
 bool must_succeed(const Step& s) {
   if (s.call == Call::kCrossReplicaReduce) return false;
+  if (s.call == Call::kBroadcast || s.call == Call::kBroadcastNest) {
+    return s.axis >= 0 && s.axis < static_cast<int>(s.inputs.size());
+  }
   if (s.call != Call::kAllGather && s.call != Call::kAllGatherNest) return true;
   for (const auto& dims : s.dims) {
     const int rank = static_cast<int>(dims.size());

@@ -117,6 +117,15 @@ class Communicator {
                                                          std::size_t outer, DType dtype, const CollectiveCall& call);
   // Copies root's buffer into every other rank's buffer.
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) = 0;
+  // broadcast into storage of the call's own, which this rank must only
+  // read: returns root's `count` elements (null for none); `send` is read
+  // on root only. Ranks that share an address space may all be given the
+  // same storage (the in-process backend does above 4 KiB, the hierarchical
+  // one among the replicas of a worker), so that root's bytes are copied
+  // once instead of once per rank. The default allocates one block per rank
+  // and calls broadcast.
+  virtual std::shared_ptr<std::byte> broadcast_shared(const void* send, std::size_t count, DType dtype, int root,
+                                                      const CollectiveCall& call);
   virtual void barrier(const CollectiveCall& call) = 0;
   // Fails the group: every pending and later call on every rank throws an
   // error of `code` with `message`, until the group is reset by its owner.

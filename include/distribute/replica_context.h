@@ -88,6 +88,21 @@ class ReplicaContext {
   // IndexedSlices"), on every replica.
   IndexedSlices all_gather(const IndexedSlices& value, int axis, const CommunicationOptions& options = {});
 
+  // ---- broadcast (not in TensorFlow) ---------------------------------------
+  // Every replica gets replica `root_replica`'s value. TensorFlow's
+  // ReplicaContext has none: there it takes a merge_call around
+  // extended().broadcast_to, two pauses of every replica; this is one
+  // collective, as Horovod's or NCCL's broadcast. Every replica passes a
+  // value of the same structure, dtypes and shapes (only the root's
+  // elements are read) and names the same root. A nest is packed per dtype
+  // into buffers of about options.bytes_per_pack bytes (one collective per
+  // pack), as all_reduce's. Results are read-only (the replicas of a process
+  // share one above 4 KiB; clone() to write).
+  Tensor broadcast(const Tensor& value, int root_replica = 0, const CommunicationOptions& options = {});
+  std::vector<Tensor> broadcast(const std::vector<Tensor>& value, int root_replica = 0,
+                                const CommunicationOptions& options = {});
+  Nest<Tensor> broadcast(const Nest<Tensor>& value, int root_replica = 0, const CommunicationOptions& options = {});
+
   // ---- merge_call ----------------------------------------------------------
   // Pauses every local replica; runs merge_fn(strategy, PerReplica<Args>...)
   // once, in a cross-replica context, with each argument grouped across the

@@ -74,4 +74,20 @@ std::shared_ptr<std::byte> Communicator::all_gather_v_shared(const void* send, s
   return out;
 }
 
+std::shared_ptr<std::byte> Communicator::broadcast_shared(const void* send, std::size_t count, DType dtype, int root,
+                                                          const CollectiveCall& call) {
+  const std::size_t bytes = count * size_of(dtype);
+  std::shared_ptr<std::byte> out = bytes ? internal::allocate_storage(bytes) : nullptr;
+  std::byte none{};  // a buffer for no elements: the rounds are taken all the same
+  if (rank() != root) {
+    broadcast(out ? out.get() : &none, count, dtype, root, call);
+    return out;
+  }
+  // The root sends from its value (broadcast only reads the root's buffer)
+  // and copies it into its own result once the others have it.
+  broadcast(bytes ? const_cast<void*>(send) : &none, count, dtype, root, call);
+  if (bytes) std::memcpy(out.get(), send, bytes);
+  return out;
+}
+
 }  // namespace distribute

@@ -41,9 +41,10 @@ struct alignas(64) ReplicaChannel {
   // (the others' arguments live on their stacks until then). Shared by the
   // run's replicas; reset before each run.
   std::atomic<std::uint64_t>* merge_args_taken = nullptr;
-  // What the last one-Tensor all_reduce and all_gather worked out.
+  // What the last one-Tensor all_reduce, all_gather and broadcast worked out.
   CallMemo<> all_reduce_memo;
   CallMemo<std::optional<GatherLayout>> all_gather_memo;
+  CallMemo<> broadcast_memo;
 };
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.

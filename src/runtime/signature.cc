@@ -277,7 +277,7 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
       if (!differ) continue;
       if (rule == ShapeRule::kEqual) {
         throw InvalidArgumentError(label + ": " + what + " has different shapes on different " + members + " (" +
-                                   describe_values(shapes, first, member) + "); all_reduce needs equal shapes.");
+                                   describe_values(shapes, first, member) + "); " + s0.op + " needs equal shapes.");
       }
       throw InvalidArgumentError(label + ": Shape mismatch: Dimension " + std::to_string(d) + " of " + what +
                                  " must be equal on every " + std::string(member) + " (" + describe_values(shapes, first, member) +

@@ -42,6 +42,19 @@ struct Cluster {
     const auto errors = run_threads(size(), [&](int r) { f(r, *members[static_cast<std::size_t>(r)]); });
     for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_FALSE(errors[r]) << "rank " << r << ": " << message_of(errors[r]);
   }
+  // Each rank's output of a shared collective is its worker leader's if
+  // `shared`, its own otherwise, and never another worker's.
+  void expect_shared_within_workers(const std::vector<std::shared_ptr<std::byte>>& out, bool shared) const {
+    for (int r = 0; r < size(); ++r) {
+      const int leader = r / local * local;
+      if (r != leader) {
+        EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[static_cast<std::size_t>(leader)], shared) << r;
+      }
+      if (r >= local) {
+        EXPECT_NE(out[static_cast<std::size_t>(r)], out[0]) << r;
+      }
+    }
+  }
 };
 
 class HierarchicalTest : public ::testing::TestWithParam<std::pair<int, int>> {
@@ -121,15 +134,7 @@ TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput)
       });
       const bool shared =
           SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype)) && dtype != DType::kInt8;
-      for (int r = 0; r < n; ++r) {
-        const int leader = r / cluster.local * cluster.local;
-        if (r != leader) {
-          EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[static_cast<std::size_t>(leader)], shared) << r;
-        }
-        if (r >= cluster.local) {
-          EXPECT_NE(out[static_cast<std::size_t>(r)], out[0]) << r;
-        }
-      }
+      cluster.expect_shared_within_workers(out, shared);
     }
   }
 }
@@ -188,15 +193,7 @@ TEST_P(HierarchicalTest, AllGatherVSharedLaysOutRowsInRankOrderAndSharesAWorkers
     });
     // Shared within a worker past 4 KiB of contribution (2 x 2 x 3000 int32), never across workers.
     const bool shared = cluster.local > 1 && scale == 3000;
-    for (int r = 0; r < cluster.size(); ++r) {
-      const int leader = r / cluster.local * cluster.local;
-      if (r != leader) {
-        EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[static_cast<std::size_t>(leader)], shared) << r;
-      }
-      if (r >= cluster.local) {
-        EXPECT_NE(out[static_cast<std::size_t>(r)], out[0]) << r;
-      }
-    }
+    cluster.expect_shared_within_workers(out, shared);
   }
 }
 
@@ -243,6 +240,27 @@ TEST_P(HierarchicalTest, BroadcastFromEveryRoot) {
   }
 }
 
+// The shared form: root's bytes everywhere, small and past the sharing
+// threshold, and the replicas of a worker hold one output.
+TEST_P(HierarchicalTest, BroadcastSharedFromEveryRootSharesAWorkersOutput) {
+  for (int root = 0; root < cluster.size(); ++root) {
+    for (const std::size_t count : {std::size_t{5}, std::size_t{20000}}) {
+      std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(cluster.size()));
+      cluster.run([&](int r, Communicator& c) {
+        std::vector<float> send(count, -1.f);
+        if (r == root) std::iota(send.begin(), send.end(), static_cast<float>(root));
+        out[static_cast<std::size_t>(r)] = c.broadcast_shared(send.data(), count, DType::kFloat32, root, call);
+        const auto* got = reinterpret_cast<const float*>(out[static_cast<std::size_t>(r)].get());
+        for (std::size_t k = 0; k < count; ++k) {
+          if (got[k] != static_cast<float>(root) + static_cast<float>(k)) FAIL() << "rank " << r << " k " << k;
+        }
+      });
+      const bool shared = cluster.local > 1 && count == 20000;
+      cluster.expect_shared_within_workers(out, shared);
+    }
+  }
+}
+
 TEST_P(HierarchicalTest, BarrierThenMoreRounds) {
   cluster.run([&](int, Communicator& c) {
     for (int k = 0; k < 5; ++k) c.barrier(call);
@@ -250,7 +268,7 @@ TEST_P(HierarchicalTest, BarrierThenMoreRounds) {
 }
 
 // A member whose tag differs: every member of every worker gets
-// SignatureMismatch, in an all_reduce and in a shared all_gather (small and
+// SignatureMismatch, in an all_reduce and in the shared all_gather, all_reduce and broadcast (small and
 // past the local engine's sharing threshold).
 void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
   std::vector<int> mismatches(static_cast<std::size_t>(cluster.size()), 0);
@@ -277,6 +295,11 @@ void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
       } catch (const SignatureMismatch&) {
         ++mismatches[static_cast<std::size_t>(r)];
       }
+      try {
+        c.broadcast_shared(send.data(), count, DType::kFloat32, cluster.size() - 1, call);
+      } catch (const SignatureMismatch&) {
+        ++mismatches[static_cast<std::size_t>(r)];
+      }
     }
     // The group goes on: an untagged collective after the mismatch works.
     call.signature_tag = 0;
@@ -284,7 +307,7 @@ void expect_mismatch_everywhere(Cluster& cluster, int odd_rank) {
     c.all_reduce(&one, &sum, 1, DType::kFloat32, ReduceOp::kSum, call);
     EXPECT_EQ(sum, static_cast<float>(cluster.size()));
   });
-  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 5) << "rank " << r;
+  for (int r = 0; r < cluster.size(); ++r) EXPECT_EQ(mismatches[static_cast<std::size_t>(r)], 7) << "rank " << r;
 }
 
 TEST_P(HierarchicalTest, MismatchOnTheLastRankReachesEveryone) {

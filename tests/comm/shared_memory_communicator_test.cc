@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <random>
@@ -583,9 +584,13 @@ TEST(SharedGatherTest, DifferentTagsThrowMismatchOnEveryMember) {
   }
 }
 
-// The same for all_reduce_shared: nothing is made or handed out on a
-// mismatch, and the group goes on to share the next one.
-TEST(SharedAllReduceTest, DifferentTagsThrowMismatchOnEveryMember) {
+// A shared call (member r's input: 2000 floats of r + 1) on 3 members whose
+// member 1 brings another tag: every member throws SignatureMismatch and
+// nothing is made; then the same call agrees, every member holds one output
+// and its last element is `want_last`.
+using SharedCall = std::function<std::shared_ptr<std::byte>(SharedMemoryCommunicator&, const float*,
+                                                            const CollectiveCall&)>;
+void expect_mismatch_then_one_output(const char* op, const SharedCall& shared_call, float want_last) {
   const int n = 3;
   auto group = std::make_shared<LocalGroup>(n);
   const auto blocks_taken = [] { return storage_stats().fresh_blocks + storage_stats().reused_blocks; };
@@ -593,12 +598,11 @@ TEST(SharedAllReduceTest, DifferentTagsThrowMismatchOnEveryMember) {
     std::vector<std::shared_ptr<std::byte>> out(n);
     const std::uint64_t taken_before = blocks_taken();
     auto errors = run_threads(n, [&](int r) {
-      const std::vector<float> send(2000, static_cast<float>(r));
+      const std::vector<float> send(2000, static_cast<float>(r + 1));
       SharedMemoryCommunicator comm(group, r);
-      CollectiveCall c = call("all_reduce");
+      CollectiveCall c = call(op);
       c.signature_tag = mismatch && r == 1 ? 0x30 : 0x40;
-      const Communicator::Segment whole{.send = send.data(), .count = send.size()};
-      out[static_cast<std::size_t>(r)] = comm.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, c);
+      out[static_cast<std::size_t>(r)] = shared_call(comm, send.data(), c);
     });
     for (int r = 0; r < n; ++r) {
       const auto& e = errors[static_cast<std::size_t>(r)];
@@ -608,16 +612,28 @@ TEST(SharedAllReduceTest, DifferentTagsThrowMismatchOnEveryMember) {
       } else {
         ASSERT_FALSE(e) << message_of(e);
         EXPECT_EQ(out[static_cast<std::size_t>(r)], out[0]);
-        EXPECT_EQ(reinterpret_cast<const float*>(out[0].get())[1999], 3.f);
+        EXPECT_EQ(reinterpret_cast<const float*>(out[0].get())[1999], want_last);
       }
     }
     EXPECT_EQ(blocks_taken() - taken_before, mismatch ? 0u : 1u) << "one output, and none on a mismatch";
   }
 }
 
+// The same for all_reduce_shared: nothing is made or handed out on a
+// mismatch, and the group goes on to share the next one.
+TEST(SharedAllReduceTest, DifferentTagsThrowMismatchOnEveryMember) {
+  expect_mismatch_then_one_output(
+      "all_reduce",
+      [](SharedMemoryCommunicator& comm, const float* send, const CollectiveCall& c) {
+        const Communicator::Segment whole{.send = send, .count = 2000};
+        return comm.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, c);
+      },
+      6.f);
+}
+
 // An output that cannot be allocated (here 2^63 bytes) fails every member
 // alike with std::bad_alloc, before any input is read, and the group stays
-// in step: the next call works. The same for the shared gather.
+// in step: the next call works. The same for the shared gather and broadcast.
 TEST(SharedAllReduceTest, AnOutputThatCannotBeAllocatedFailsEveryMemberAlike) {
   const int n = 3;
   auto group = std::make_shared<LocalGroup>(n);
@@ -630,6 +646,7 @@ TEST(SharedAllReduceTest, AnOutputThatCannotBeAllocatedFailsEveryMemberAlike) {
                  std::bad_alloc);
     const std::vector<std::size_t> counts(n, huge / n);
     EXPECT_THROW(comm.all_gather_v_shared(&never_read, counts, 1, DType::kFloat32, call("all_gather")), std::bad_alloc);
+    EXPECT_THROW(comm.broadcast_shared(&never_read, huge, DType::kFloat32, 1, call("broadcast")), std::bad_alloc);
     const std::vector<float> send(2000, 1.f);
     const Communicator::Segment fine{.send = send.data(), .count = send.size()};
     const auto out = comm.all_reduce_shared({&fine, 1}, DType::kFloat32, ReduceOp::kSum, call("all_reduce"));
@@ -684,6 +701,71 @@ TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
     }
   }
   }
+}
+
+// broadcast_shared: every member gets the root's bytes, from every root,
+// on either side of the sharing threshold (kInlineBytes), on a small round,
+// with no elements and past kStreamBytes; from the threshold up every member
+// holds one output (the same storage), below it each its own. Each size
+// runs twice on one group: the second call reuses the first call's block.
+class SharedBroadcastTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SharedBroadcastTest, EveryMemberGetsTheRootsBytesSharedFromTheThresholdOn) {
+  const int n = GetParam();
+  constexpr std::size_t kInlineInts = LocalGroup::kInlineBytes / sizeof(std::int32_t);
+  const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(std::int32_t) + 5;
+  auto group = std::make_shared<LocalGroup>(n);
+  for (const std::size_t count : {std::size_t{0}, std::size_t{3}, kInlineInts, kInlineInts + 1, std::size_t{3001},
+                                  streaming}) {
+    for (const int root : {0, n / 2, n - 1}) {
+      if (count == streaming && root != n - 1) continue;  // one large case per member count is enough
+      const std::size_t bytes = count * sizeof(std::int32_t);
+      const bool shared = n > 1 && SharedMemoryCommunicator::shares_broadcast(bytes);
+      SCOPED_TRACE(std::to_string(n) + " members, root " + std::to_string(root) + ", " + std::to_string(bytes) +
+                   " B" + (shared ? ", shared" : ", not shared"));
+      const std::byte* first_block = nullptr;
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(n));
+        auto errors = run_threads(n, [&](int r) {
+          std::vector<std::int32_t> send(count);
+          for (std::size_t j = 0; j < count; ++j) send[j] = r * 100000000 + static_cast<std::int32_t>(j);
+          SharedMemoryCommunicator comm(group, r);
+          out[static_cast<std::size_t>(r)] =
+              comm.broadcast_shared(r == root ? send.data() : nullptr, count, DType::kInt32, root, call("broadcast"));
+        });
+        for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+        for (int r = 0; r < n; ++r) {
+          ASSERT_EQ(out[static_cast<std::size_t>(r)] != nullptr, count > 0) << "member " << r;
+          if (r > 0 && count > 0) {
+            EXPECT_EQ(out[static_cast<std::size_t>(r)] == out[0], shared) << "member " << r;
+          }
+          const auto* got = reinterpret_cast<const std::int32_t*>(out[static_cast<std::size_t>(r)].get());
+          for (std::size_t j = 0; j < count; ++j) {
+            if (got[j] != root * 100000000 + static_cast<std::int32_t>(j)) {  // (no assertion per element)
+              FAIL() << "member " << r << " element " << j << ": " << got[j];
+            }
+          }
+        }
+        if (shared && repeat == 1) {
+          EXPECT_EQ(out[0].get(), first_block);
+        }
+        first_block = out[0].get();
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, SharedBroadcastTest, ::testing::Values(1, 2, 3, 4, 7, 8));
+
+// A member whose tag differs fails every member before anything is made or
+// read; the group goes on to share the next one (member 2's value).
+TEST(SharedBroadcastTest, DifferentTagsThrowMismatchOnEveryMember) {
+  expect_mismatch_then_one_output(
+      "broadcast",
+      [](SharedMemoryCommunicator& comm, const float* send, const CollectiveCall& c) {
+        return comm.broadcast_shared(send, 2000, DType::kFloat32, 2, c);
+      },
+      3.f);
 }
 
 TEST(SignatureTagTest, DifferentTagsThrowMismatchOnEveryRankBeforeDataMoves) {
@@ -779,7 +861,7 @@ TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
   constexpr float kCanary = -7.f;
   std::mt19937 rng(12345);
   int raised_in_call = 0, raised_after = 0;
-  for (const char* op : {"all_reduce", "all_reduce_shared", "broadcast", "all_gather"}) {
+  for (const char* op : {"all_reduce", "all_reduce_shared", "broadcast", "broadcast_shared", "all_gather"}) {
     std::vector<std::vector<float>> out(kMembers, std::vector<float>(kCount * kMembers, 0.f));
     auto run_call = [&](SharedMemoryCommunicator& comm, int r, const float* in) {
       auto& mine = out[static_cast<std::size_t>(r)];
@@ -793,6 +875,10 @@ TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
         comm.all_reduce(in, mine.data(), kCount, DType::kFloat32, ReduceOp::kSum, call(op));
       } else if (std::string_view(op) == "broadcast") {
         comm.broadcast(mine.data(), kCount * kMembers, DType::kFloat32, 0, call(op));
+      } else if (std::string_view(op) == "broadcast_shared") {
+        // The members read the root's input (ASan catches a late reader of a freed one).
+        const auto result = comm.broadcast_shared(in, kCount, DType::kFloat32, 0, call(op));
+        std::memcpy(mine.data(), result.get(), kCount * sizeof(float));
       } else {
         std::vector<std::size_t> counts(kMembers, kCount);
         comm.all_gather_v(in, mine.data(), counts, 1, DType::kFloat32, call(op));
@@ -812,7 +898,7 @@ TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
       }
     });
     const auto one_call = std::chrono::duration<double>(*std::max_element(seconds.begin(), seconds.end()));
-    for (int run = 0; run < 20; ++run) {  // 20 per op: 80 moments, in the time 90 took with 3 ops
+    for (int run = 0; run < 20; ++run) {  // 20 per op: 100 moments
       SCOPED_TRACE(std::string(op) + " run " + std::to_string(run));
       auto group = std::make_shared<LocalGroup>(kMembers);
       std::uniform_real_distribution<double> fraction(0, 1);

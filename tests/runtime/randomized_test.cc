@@ -79,6 +79,31 @@ TEST(RandomizedTest, RaggedAllGatherOfRandomNestsMatchesTheReference) {
   }
 }
 
+// broadcast (packed per dtype by bytes_per_pack): every replica gets the
+// root's leaves, bit for bit.
+TEST(RandomizedTest, BroadcastOfRandomNestsGivesEveryReplicaTheRoots) {
+  for (std::uint64_t seed : seeds(5)) {
+    SCOPED_TRACE(rerun(seed));
+    std::mt19937_64 gen(seed);
+    const int n = uniform(gen, 1, 8);
+    const RandomCase c = random_case(gen, n, /*ragged=*/false);
+    const int root = uniform(gen, 0, n - 1);
+    auto s = testing::mirrored(n);
+    auto results = s->run([&](ReplicaContext& ctx) {
+      return ctx.broadcast(c.value_of(ctx.replica_id_in_sync_group()), root, {.bytes_per_pack = c.bytes_per_pack});
+    });
+    for (std::size_t i = 0; i < c.leaves(); ++i) {
+      const Tensor want = c.column(i)[static_cast<std::size_t>(root)];
+      for (int r = 0; r < n; ++r) {
+        const Tensor got = results.values()[static_cast<std::size_t>(r)].flatten()[i];
+        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << r << " of " << n << ", root " << root << ", leaf "
+                                              << i << ", bytes_per_pack " << c.bytes_per_pack << ": got "
+                                              << got.repr() << ", want " << want.repr();
+      }
+    }
+  }
+}
+
 TEST(RandomizedTest, StrategyReduceAndGatherMatchTheReference) {
   for (std::uint64_t seed : seeds(3)) {
     SCOPED_TRACE(rerun(seed));

@@ -188,6 +188,43 @@ inline void AllGatherRaggedNested(const WorkerEnv& env) {
   }
 }
 
+// ReplicaContext::broadcast from every replica of the cluster: a lone value
+// below and past the 4 KiB from which a worker's replicas share one result,
+// and a nest of two dtypes; then replicas naming different roots fail alike
+// everywhere, and the strategy goes on.
+inline void ReplicaBroadcastFromEveryRoot(const WorkerEnv& env) {
+  auto s = env.strategy();
+  for (int root = 0; root < env.replicas(); ++root) {
+    for (const std::int64_t count : {3, 20000}) {
+      expect_same_as_single_process(
+          env, *s,
+          [root, count](ReplicaContext& ctx, int g) {
+            return ctx.broadcast(iota(DType::kFloat32, Shape{count}, 100.0 * g, 1), root);
+          },
+          "broadcast of " + std::to_string(count) + " from replica " + std::to_string(root));
+    }
+    auto r = s->run([root](ReplicaContext& ctx) {
+      const int g = ctx.replica_id_in_sync_group();
+      return ctx.broadcast(Nest<Tensor>::list({fill(DType::kInt64, Shape{4}, g), fill(DType::kFloat64, Shape{2000}, -g)}),
+                           root);
+    });
+    for (const Nest<Tensor>& got : r.values()) {
+      EXPECT_EQ(got[0].leaf(), fill(DType::kInt64, Shape{4}, root));
+      EXPECT_EQ(got[1].leaf(), fill(DType::kFloat64, Shape{2000}, -root));
+    }
+  }
+  if (env.replicas() > 1) {
+    const std::string msg = expect_throw<InvalidArgumentError>([&] {
+      s->run([&](ReplicaContext& ctx) {
+        ctx.broadcast(constant(1.f), ctx.replica_id_in_sync_group() == env.replicas() - 1 ? 1 : 0);
+      });
+    });
+    EXPECT_NE(msg.find("the replicas passed different root replica"), std::string::npos) << msg;
+  }
+  auto after = s->run([](ReplicaContext& ctx) { return ctx.broadcast(constant(2.f), 0); });
+  for (const Tensor& t : after.values()) EXPECT_EQ(t, constant(2.f));
+}
+
 inline void MergeCallOncePerWorkerAndReduceToAcrossWorkers(const WorkerEnv& env) {
   auto s = env.strategy();
   std::atomic<int> merge_fn_runs{0};
@@ -777,6 +814,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(AllReduceLargeNestedAndPacked)              \
   X(AllReduceIndexedSlices)                     \
   X(AllGatherRaggedNested)                      \
+  X(ReplicaBroadcastFromEveryRoot)              \
   X(MergeCallOncePerWorkerAndReduceToAcrossWorkers) \
   X(StrategyReduceGatherAndBroadcastTo)         \
   X(MismatchedCollectivesFailEverywhere)        \

@@ -7,9 +7,11 @@
 //
 //   distribute-bench --op all_reduce --replicas 2 -b 8 -e 64M -f 4 --check
 //
-// --api tensor measures ReplicaContext with Tensors instead of the engine;
-// --api both runs the two alternately, iteration by iteration, and prints
-// the API's overhead over the engine measured at the same moments.
+// --api tensor measures ReplicaContext with Tensors instead of the engine
+// (broadcast: ReplicaContext::broadcast; with --merge-call, TensorFlow's
+// merge_call and extended().broadcast_to); --api both runs the two
+// alternately, iteration by iteration, and prints the API's overhead over
+// the engine measured at the same moments.
 //
 // Under an MPI launcher it measures MultiWorkerMirroredStrategy instead: one
 // worker per process with --replicas local replicas, and beside each of our
@@ -61,7 +63,8 @@ struct Options {
   int warmup = 5;
   bool check = false;
   bool interleave_memcpy = false;  // the memcpy reference alternating with the op (raw engine)
-  bool shared_output = false;      // raw all_reduce/all_gather: into one output for every replica, as the API
+  bool shared_output = false;      // raw all_reduce/all_gather/broadcast: into one output for every replica, as the API
+  bool merge_call = false;         // API broadcast through merge_call and broadcast_to, not ReplicaContext::broadcast
   std::string api = "raw";
   std::string csv;
   int batch = 0;  // > 0: compare one all_reduce of `batch` tensors with `batch` separate calls
@@ -74,12 +77,15 @@ struct Options {
                "                        [--dtype float32|...]\n"
                "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
                "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
-               "                        [--interleave-memcpy] [--shared-output]\n"
+               "                        [--interleave-memcpy] [--shared-output] [--merge-call]\n"
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "--api both: the engine and the API alternately in one run, with the API's overhead\n"
                "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
-               "--shared-output: the engine's all_reduce or all_gather into one output for every replica, as the\n"
-               "                 API's (all_reduce_shared, all_gather_v_shared), not into each replica's own buffer\n"
+               "--shared-output: the engine's all_reduce, all_gather or broadcast into one output for every replica,\n"
+               "                 as the API's (all_reduce_shared, all_gather_v_shared, broadcast_shared), not into\n"
+               "                 each replica's own buffer\n"
+               "--merge-call: the API's broadcast as TensorFlow does it (merge_call and extended().broadcast_to),\n"
+               "              not ReplicaContext::broadcast\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
                "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
@@ -130,6 +136,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--check" || a == "-c") o.check = true;
     else if (a == "--interleave-memcpy") o.interleave_memcpy = true;
     else if (a == "--shared-output") o.shared_output = true;
+    else if (a == "--merge-call") o.merge_call = true;
     else if (a == "--api") o.api = value();
     else if (a == "--csv") o.csv = value();
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
@@ -142,9 +149,8 @@ Options parse(int argc, char** argv) {
     usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
   }
   if (o.api != "raw" && o.api != "tensor" && o.api != "both") usage("--api must be raw, tensor or both");
-  if (o.shared_output && o.op != "all_gather" && o.op != "all_reduce") {
-    usage("--shared-output is for --op all_reduce and all_gather");
-  }
+  if (o.shared_output && o.op == "reduce_scatter") usage("--shared-output is for --op all_reduce, all_gather and broadcast");
+  if (o.merge_call && (o.op != "broadcast" || o.api == "raw")) usage("--merge-call is for --op broadcast with --api tensor or both");
   if (o.interleave_memcpy && o.api != "raw") usage("--interleave-memcpy is for --api raw");
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
@@ -336,6 +342,9 @@ struct RawOp {
       comm.all_gather_v(in.raw_data(), out.mutable_raw_data(), counts, 1, o.dtype, call);
     } else if (o.op == "reduce_scatter") {
       comm.reduce_scatter(in.raw_data(), out.mutable_raw_data(), counts, o.dtype, o.redop, call);
+    } else if (o.shared_output) {
+      shared_out.reset();
+      shared_out = comm.broadcast_shared(in.raw_data(), count, o.dtype, 0, call);
     } else {
       comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
     }
@@ -384,7 +393,8 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
 Tensor api_op(const Options& o, ReplicaContext& ctx, const Tensor& in) {
   if (o.op == "all_reduce") return ctx.all_reduce(o.redop, in);
   if (o.op == "all_gather") return ctx.all_gather(in, 0);
-  // broadcast from replica 0 through merge_call: the cross-replica broadcast_to.
+  if (!o.merge_call) return ctx.broadcast(in, 0);
+  // TensorFlow's way, from replica 0: merge_call and the cross-replica broadcast_to.
   return ctx.merge_call([](Strategy& s, const PerReplica<Tensor>& v) { return s.extended().broadcast_to(v[0]); }, in);
 }
 
@@ -514,7 +524,7 @@ MPI_Op mpi_op(ReduceOp op) {
 
 int run_multi_worker(const Options& o) {
   if (o.api == "both") usage("--api both is for one process; under mpirun the MPI collective is the reference");
-  if (o.op == "broadcast") usage("--op broadcast is not measured under mpirun (broadcast_to is local to a worker)");
+  if (o.merge_call) usage("--merge-call is measured in one process only (merge_call's broadcast_to is local to a worker)");
   if (o.op == "reduce_scatter") usage("--op reduce_scatter is measured in one process only (the threads engine)");
   if (o.shared_output) usage("--shared-output is the threads engine's, measured in one process only");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
@@ -529,7 +539,7 @@ int run_multi_worker(const Options& o) {
                 o.op.c_str(), std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(),
                 workers, o.replicas, o.api.c_str(), o.iters, o.warmup);
     std::printf("# MPI: MPI_%s on MPI_COMM_WORLD (one rank per worker), same buffers, alternating with ours%s\n",
-                o.op == "all_reduce" ? "Allreduce" : "Allgatherv",
+                o.op == "all_reduce" ? "Allreduce" : o.op == "broadcast" ? "Bcast" : "Allgatherv",
                 with_mpi ? "" : "; not comparable for this dtype/op (N/A)");
     std::printf("# %12s %11s %11s %11s %8s %10s %11s %11s %7s\n", "size(B)", "count", "ours(us)", "MPI(us)",
                 "ratio", "ours-MPI", "busbw ours", "busbw MPI", "#wrong");
@@ -551,6 +561,10 @@ int run_multi_worker(const Options& o) {
       const std::size_t worker_count = o.op == "all_gather" ? per_replica * static_cast<std::size_t>(o.replicas) : count;
       Tensor mpi_in = make_input(o.dtype, g, worker_count);
       Tensor mpi_out = Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(count)});
+      if (o.op == "broadcast" && g == 0) {  // the roots' buffers hold what they send
+        out = in.clone();
+        mpi_out = in.clone();
+      }
       std::vector<int> counts(static_cast<std::size_t>(workers), static_cast<int>(worker_count)), displs;
       for (int w = 0; w < workers; ++w) displs.push_back(w * static_cast<int>(worker_count));
       CollectiveCall call{.op = o.op, .sequence = 0, .timeout_seconds = 600};
@@ -564,11 +578,15 @@ int run_multi_worker(const Options& o) {
         auto t0 = Clock::now();
         if (o.api == "tensor") {
           out = Tensor();
-          out = o.op == "all_reduce" ? ctx.all_reduce(o.redop, in) : ctx.all_gather(in, 0);
+          out = o.op == "all_reduce" ? ctx.all_reduce(o.redop, in)
+                : o.op == "broadcast"  ? ctx.broadcast(in, 0)
+                                       : ctx.all_gather(in, 0);
         } else {
           ++call.sequence;
           if (o.op == "all_reduce") {
             ctx.channel().comm->all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
+          } else if (o.op == "broadcast") {
+            ctx.channel().comm->broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
           } else {
             ctx.channel().comm->all_gather_v(in.raw_data(), out.mutable_raw_data(), gather_counts, 1, o.dtype, call);
           }
@@ -580,6 +598,8 @@ int run_multi_worker(const Options& o) {
         if (o.op == "all_reduce") {
           MPI_Allreduce(mpi_in.raw_data(), mpi_out.mutable_raw_data(), static_cast<int>(count), type,
                         mpi_op(o.redop), MPI_COMM_WORLD);
+        } else if (o.op == "broadcast") {
+          MPI_Bcast(mpi_out.mutable_raw_data(), static_cast<int>(count), type, 0, MPI_COMM_WORLD);
         } else {
           MPI_Allgatherv(mpi_in.raw_data(), static_cast<int>(worker_count), type, mpi_out.mutable_raw_data(),
                          counts.data(), displs.data(), type, MPI_COMM_WORLD);
@@ -592,7 +612,7 @@ int run_multi_worker(const Options& o) {
     total_wrong += wrong;
     if (!leader) continue;
     const double a = median(ours), b = with_mpi ? median(theirs) : 0;
-    const double factor = o.op == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+    const double factor = bus_factor(o.op, n);
     char mpi_text[32] = "N/A", ratio_text[32] = "N/A", diff_text[32] = "N/A", mpi_bw[32] = "N/A";
     if (with_mpi) {
       std::snprintf(mpi_text, sizeof mpi_text, "%.2f", b);
@@ -625,13 +645,18 @@ int run_benchmark(const Options& o) {
   std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
               std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
               o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
-  if ((o.op == "all_gather" || o.op == "all_reduce") && o.api != "raw") {
+  if (o.api != "raw" && !o.merge_call) {
     std::printf("# api: every replica's result views one shared output (read-only) once %s\n",
-                o.op == "all_gather" ? "a contribution passes 4 KiB" : "the message passes 1 KiB");
+                o.op == "all_gather" ? "a contribution passes 4 KiB"
+                : o.op == "all_reduce" ? "the message passes 1 KiB"
+                                       : "the message passes 4 KiB");
   }
+  if (o.merge_call) std::printf("# api: merge_call and extended().broadcast_to, as TensorFlow\n");
   if (o.shared_output) {
     std::printf("# raw: %s, one output for every replica, as the API's\n",
-                o.op == "all_reduce" ? "all_reduce_shared" : "all_gather_v_shared");
+                o.op == "all_reduce"   ? "all_reduce_shared"
+                : o.op == "all_gather" ? "all_gather_v_shared"
+                                       : "broadcast_shared");
   }
   if (both) {
     std::printf("# raw: the engine on %s, alternating with the API call iteration by iteration\n",

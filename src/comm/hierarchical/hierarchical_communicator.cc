@@ -264,6 +264,37 @@ void HierarchicalCommunicator::broadcast(void* buffer, std::size_t count, DType 
   local_comm_.broadcast(buffer, count, dtype, 0, fan_out_call(call, mismatch));
 }
 
+std::shared_ptr<std::byte> HierarchicalCommunicator::broadcast_shared(const void* send, std::size_t count,
+                                                                      DType dtype, int root,
+                                                                      const CollectiveCall& call) {
+  const std::size_t bytes = count * size_of(dtype);
+  if (local_size_ == 1 || !SharedMemoryCommunicator::shares_broadcast(bytes)) {
+    return Communicator::broadcast_shared(send, count, dtype, root, call);
+  }
+  const int root_worker = root / local_size_;
+  std::shared_ptr<std::byte> block;  // root's bytes, on root's worker after the local step
+  try {
+    if (workers_->rank() == root_worker) {
+      block = local_comm_.broadcast_shared(send, count, dtype, root % local_size_, call);
+    } else {
+      local_comm_.barrier(call);  // only the agreement check
+    }
+  } catch (const SignatureMismatch&) {
+    pass_on_local_mismatch(call);
+  }
+  bool mismatch = false;
+  if (leader()) {
+    mismatch = run_cross([&] {
+      if (!block) block = allocate_shared_storage(bytes);
+      workers_->broadcast(block.get(), count, dtype, root_worker, call);
+    });
+  }
+  // The fan-out: the leader's block itself, with its verdict on the cross step as a tag.
+  const auto& entries = local_->arrive(local_id_, {.object = mismatch ? nullptr : block, .tag = mismatch ? 1u : 0u},
+                                       fan_out_call(call, false));
+  return std::static_pointer_cast<std::byte>(entries[0].object);
+}
+
 void HierarchicalCommunicator::barrier(const CollectiveCall& call) {
   if (local_size_ == 1) {
     workers_->barrier(call);

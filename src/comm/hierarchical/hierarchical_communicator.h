@@ -72,6 +72,13 @@ class HierarchicalCommunicator final : public Communicator {
   std::shared_ptr<std::byte> all_gather_v_shared(const void* send, std::span<const std::size_t> counts,
                                                  std::size_t outer, DType dtype, const CollectiveCall& call) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
+  // Above 4 KiB with several local replicas, the worker's replicas share one
+  // output: on root's worker the local step copies root's bytes into one
+  // shared block (broadcast_shared), the leaders broadcast it across the
+  // workers (into a block of its own on the others), and the fan-out hands
+  // the leader's block to the local replicas. Otherwise each gets its own.
+  std::shared_ptr<std::byte> broadcast_shared(const void* send, std::size_t count, DType dtype, int root,
+                                              const CollectiveCall& call) override;
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 

@@ -443,9 +443,7 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
   }
   // Every member, the root too, copies its slice of the root's buffer into
   // every other member's buffer: the copying is shared N ways.
-  const std::size_t lines = (bytes + 63) / 64;
-  const std::size_t begin = std::min(bytes, lines * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n) * 64);
-  const std::size_t end = std::min(bytes, lines * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n) * 64);
+  const auto [begin, end] = line_slice(bytes);
   const bool streaming = bytes >= kStreamBytes;
   for (int q = 0; q < n; ++q) {
     if (q == root || end == begin) continue;
@@ -455,6 +453,37 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
   }
   if (streaming) stream_fence();
   if (!inline_path) group_->release(rank_, call);
+}
+
+std::shared_ptr<std::byte> SharedMemoryCommunicator::broadcast_shared(const void* send, std::size_t count, DType dtype,
+                                                                      int root, const CollectiveCall& call) {
+  const std::size_t bytes = count * size_of(dtype);
+  // Up to 4 KiB, broadcast's one round into the thread's own storage is
+  // faster than a shared output's two (nobody reads it before it is whole).
+  if (size() == 1 || !shares_broadcast(bytes)) return Communicator::broadcast_shared(send, count, dtype, root, call);
+  // Allocated by the member that completes the round, as all_gather_v_shared's.
+  std::shared_ptr<void> made;
+  const auto& entries = group_->arrive_making(rank_, {.send = rank_ == root ? send : nullptr, .tag = call.signature_tag},
+                                              call, allocate_shared_output, &bytes, made);
+  auto out = std::static_pointer_cast<std::byte>(std::move(made));
+  if (!out) {
+    group_->release(rank_, call);  // as every member does: the group stays in step
+    throw std::bad_alloc();
+  }
+  // Each member copies its slice of the root's buffer into the one output:
+  // the root's bytes are written once, the copying shared N ways.
+  const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].send);
+  const auto [begin, end] = line_slice(bytes);
+  if (end > begin) {
+    if (bytes >= kStreamBytes) {
+      stream_copy(out.get() + begin, src + begin, end - begin);
+      stream_fence();
+    } else {
+      std::memcpy(out.get() + begin, src + begin, end - begin);
+    }
+  }
+  group_->release(rank_, call);  // nobody reads the output, nor lets the root's go, before every slice is in
+  return out;
 }
 
 void SharedMemoryCommunicator::barrier(const CollectiveCall& call) { group_->arrive_small(rank_, nullptr, 0, call); }

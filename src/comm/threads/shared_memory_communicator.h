@@ -21,7 +21,9 @@
 // output.
 #pragma once
 
+#include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "comm/threads/local_group.h"
 #include "distribute/communicator.h"
@@ -114,6 +116,15 @@ class SharedMemoryCommunicator final : public Communicator {
   // contribution in bytes (a group of one never does).
   static bool shares_gather(std::size_t largest_bytes) { return largest_bytes > LocalGroup::kInlineBytes; }
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
+  // Above kInlineBytes with more than one member (shares_broadcast), every
+  // member returns one output, allocated by the member that completes the
+  // round: each copies its slice of root's buffer into it, where broadcast
+  // copies each slice into every other member's buffer.
+  std::shared_ptr<std::byte> broadcast_shared(const void* send, std::size_t count, DType dtype, int root,
+                                              const CollectiveCall& call) override;
+  // Whether broadcast_shared shares its output, by the message's bytes (a
+  // group of one never does).
+  static bool shares_broadcast(std::size_t bytes) { return bytes > LocalGroup::kInlineBytes; }
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 
@@ -125,6 +136,14 @@ class SharedMemoryCommunicator final : public Communicator {
   }
   std::size_t owned_end(std::size_t count) const {
     return count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(size());
+  }
+  // Bytes [first, second) of a `bytes`-byte message: this member's share of
+  // a copy split N ways, in whole cache lines (no line written by two).
+  std::pair<std::size_t, std::size_t> line_slice(std::size_t bytes) const {
+    const std::size_t lines = (bytes + 63) / 64;
+    const auto n = static_cast<std::size_t>(size());
+    const auto r = static_cast<std::size_t>(rank_);
+    return {std::min(bytes, lines * r / n * 64), std::min(bytes, lines * (r + 1) / n * 64)};
   }
 
   std::shared_ptr<LocalGroup> group_;
