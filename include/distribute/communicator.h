@@ -115,7 +115,7 @@ class Communicator {
   // all_gather_v. Failures as all_gather_v's.
   virtual std::shared_ptr<std::byte> all_gather_v_shared(const void* send, std::span<const std::size_t> counts,
                                                          std::size_t outer, DType dtype, const CollectiveCall& call);
-  // Copies root's buffer into every other rank's buffer.
+  // Copies root's buffer into every other rank's buffer; root's is only read.
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) = 0;
   // broadcast into storage of the call's own, which this rank must only
   // read: returns root's `count` elements (null for none); `send` is read
@@ -123,7 +123,7 @@ class Communicator {
   // same storage (the in-process backend does above 4 KiB, the hierarchical
   // one among the replicas of a worker), so that root's bytes are copied
   // once instead of once per rank. The default allocates one block per rank
-  // and calls broadcast.
+  // and calls broadcast (root: from `send`, then copies it into its block).
   virtual std::shared_ptr<std::byte> broadcast_shared(const void* send, std::size_t count, DType dtype, int root,
                                                       const CollectiveCall& call);
   virtual void barrier(const CollectiveCall& call) = 0;

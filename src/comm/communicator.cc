@@ -83,8 +83,8 @@ std::shared_ptr<std::byte> Communicator::broadcast_shared(const void* send, std:
     broadcast(out ? out.get() : &none, count, dtype, root, call);
     return out;
   }
-  // The root sends from its value (broadcast only reads the root's buffer)
-  // and copies it into its own result once the others have it.
+  // The root sends from its value (every backend's broadcast only reads the
+  // root's buffer) and copies it into its own result once the others have it.
   broadcast(bytes ? const_cast<void*>(send) : &none, count, dtype, root, call);
   if (bytes) std::memcpy(out.get(), send, bytes);
   return out;

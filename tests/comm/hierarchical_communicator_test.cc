@@ -5,6 +5,8 @@
 #include "comm/hierarchical/hierarchical_communicator.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -258,6 +260,36 @@ TEST_P(HierarchicalTest, BroadcastSharedFromEveryRootSharesAWorkersOutput) {
       const bool shared = cluster.local > 1 && count == 20000;
       cluster.expect_shared_within_workers(out, shared);
     }
+  }
+}
+
+// The root's buffer is only read, from any root (one that is not its
+// worker's leader too), small and large: here it lies on a page that cannot
+// be written, so a write into it would crash the test.
+TEST_P(HierarchicalTest, BroadcastOnlyReadsTheRootsBuffer) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  for (const std::size_t count : {std::size_t{5}, std::size_t{20000}}) {
+    const std::size_t bytes = (count * sizeof(float) + page - 1) / page * page;
+    void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mapped, MAP_FAILED);
+    auto* values = static_cast<float*>(mapped);
+    std::iota(values, values + count, 1.f);
+    ASSERT_EQ(mprotect(mapped, bytes, PROT_READ), 0);
+    for (int root = 0; root < cluster.size(); ++root) {
+      cluster.run([&](int r, Communicator& c) {
+        std::vector<float> mine(count, -1.f);
+        float* buffer = r == root ? values : mine.data();  // broadcast's buffer is not const: the root's is only read
+        c.broadcast(buffer, count, DType::kFloat32, root, call);
+        const auto out = c.broadcast_shared(values, count, DType::kFloat32, root, call);
+        const auto* got = reinterpret_cast<const float*>(out.get());
+        for (std::size_t k = 0; k < count; ++k) {
+          if (buffer[k] != static_cast<float>(k + 1) || got[k] != static_cast<float>(k + 1)) {
+            FAIL() << "rank " << r << " root " << root << " k " << k;
+          }
+        }
+      });
+    }
+    munmap(mapped, bytes);
   }
 }
 

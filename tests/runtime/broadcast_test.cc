@@ -71,8 +71,8 @@ INSTANTIATE_TEST_SUITE_P(Matrix, BroadcastDTypeTest, ::testing::ValuesIn(kAllDTy
 
 // A nest keeps its structure, dtypes and shapes; its leaves are packed per
 // dtype (one collective per pack, as all_reduce's: with bytes_per_pack 1 the
-// float32 leaves take two packs, the big one and the two after it, the
-// first of which is empty), and the list overload is the list nest.
+// float32 leaves, flattened as rest[1] (empty), rest[2], w, take two packs:
+// the first two together, then w), and the list overload is the list nest.
 TEST(BroadcastTest, NestsArePackedPerDtypeAndKeepTheirStructure) {
   auto s = testing::mirrored(3);
   const auto value = [](int r) {

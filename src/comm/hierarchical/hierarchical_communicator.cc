@@ -261,7 +261,11 @@ void HierarchicalCommunicator::broadcast(void* buffer, std::size_t count, DType 
   }
   bool mismatch = false;
   if (leader()) mismatch = run_cross([&] { workers_->broadcast(buffer, count, dtype, root_worker, call); });
-  local_comm_.broadcast(buffer, count, dtype, 0, fan_out_call(call, mismatch));
+  // On the root's worker every replica holds the bytes already: the fan-out
+  // (which carries the leader's verdict) goes out from the root, so that the
+  // root's buffer is only read, as every broadcast's is.
+  const int fan_out_root = workers_->rank() == root_worker ? root % local_size_ : 0;
+  local_comm_.broadcast(buffer, count, dtype, fan_out_root, fan_out_call(call, mismatch));
 }
 
 std::shared_ptr<std::byte> HierarchicalCommunicator::broadcast_shared(const void* send, std::size_t count,
