@@ -216,14 +216,21 @@ void describe_all_reduce(Signature& sig, ReduceOp op, const Nest<Tensor>& value,
 // arguments in place: a Signature costs heap allocations per leaf (hundreds
 // for a model's gradients), and is built only to explain a mismatch.
 // all_reduce_hash is all of it but the sequence (for a CallMemo).
-internal::TagHasher all_reduce_hash(std::string_view op_name, ReduceOp op, std::string_view structure,
-                                    std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
+// `fields(add)` hands the collective's fields to `add`, as all_reduce_fields.
+template <class Fields>
+internal::TagHasher fields_and_leaves_hash(std::string_view op_name, const Fields& fields,
+                                           std::span<const Tensor> leaves) {
   internal::TagHasher tag(op_name);
-  all_reduce_fields(op, structure, bytes_per_pack,
-                    [&](std::string_view key, std::string_view text) { tag.field(key, text); });
+  fields([&](std::string_view key, std::string_view text) { tag.field(key, text); });
   tag.leaf_count(leaves.size());
   for (const Tensor& t : leaves) tag.leaf(t.dtype(), t.shape().dims_span());
   return tag;
+}
+
+internal::TagHasher all_reduce_hash(std::string_view op_name, ReduceOp op, std::string_view structure,
+                                    std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
+  return fields_and_leaves_hash(
+      op_name, [&](auto&& add) { all_reduce_fields(op, structure, bytes_per_pack, add); }, leaves);
 }
 
 std::uint64_t all_reduce_tag(const Signature& sig, ReduceOp op, std::string_view structure,
@@ -526,12 +533,8 @@ void broadcast_fields(int root_replica, std::string_view structure, std::int64_t
 
 internal::TagHasher broadcast_hash(std::string_view op_name, int root_replica, std::string_view structure,
                                    std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
-  internal::TagHasher tag(op_name);
-  broadcast_fields(root_replica, structure, bytes_per_pack,
-                   [&](std::string_view key, std::string_view text) { tag.field(key, text); });
-  tag.leaf_count(leaves.size());
-  for (const Tensor& t : leaves) tag.leaf(t.dtype(), t.shape().dims_span());
-  return tag;
+  return fields_and_leaves_hash(
+      op_name, [&](auto&& add) { broadcast_fields(root_replica, structure, bytes_per_pack, add); }, leaves);
 }
 
 // This replica's verdict on the root it names (every replica names one).

@@ -474,14 +474,7 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::broadcast_shared(const void
   // the root's bytes are written once, the copying shared N ways.
   const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].send);
   const auto [begin, end] = line_slice(bytes);
-  if (end > begin) {
-    if (bytes >= kStreamBytes) {
-      stream_copy(out.get() + begin, src + begin, end - begin);
-      stream_fence();
-    } else {
-      std::memcpy(out.get() + begin, src + begin, end - begin);
-    }
-  }
+  if (end > begin) copy_broadcast_part(out.get() + begin, src + begin, end - begin, bytes);
   group_->release(rank_, call);  // nobody reads the output, nor lets the root's go, before every slice is in
   return out;
 }
