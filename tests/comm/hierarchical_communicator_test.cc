@@ -135,7 +135,9 @@ TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput)
         }
       });
       const bool shared =
-          SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype)) && dtype != DType::kInt8;
+          SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype),
+                                                  HierarchicalCommunicator::kShareReduceBytes) &&
+          dtype != DType::kInt8;
       cluster.expect_shared_within_workers(out, shared);
     }
   }

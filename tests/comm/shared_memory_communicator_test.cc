@@ -58,11 +58,13 @@ TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
   // line (48 bytes) and one more; the most it takes (1 KiB) and one more.
   const std::size_t one_line = 48 / size_of(dtype);
   const std::size_t latency = SharedMemoryCommunicator::kLatencyPathBytes / size_of(dtype);
+  // The most all_reduce_shared gives each member its own output for, and one more.
+  const std::size_t own = SharedMemoryCommunicator::kShareReduceBytes / size_of(dtype);
   for (int n : {1, 2, 3, 4, 7, 8}) {
     // 255/256/257 straddle the 1 KiB latency path for 4-byte types.
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, one_line, one_line + 1, std::size_t{255},
-                              std::size_t{256}, std::size_t{257}, latency, latency + 1, std::size_t{1000},
-                              std::size_t{65537}}) {
+                              std::size_t{256}, std::size_t{257}, latency, latency + 1, std::size_t{1000}, own,
+                              own + 1, std::size_t{65537}}) {
       for (std::size_t stream_from : {kNeverStream, std::size_t{1}}) {
         // Up to 1 KiB (the latency path) nothing streams: run it once.
         if (stream_from == 1 && count * size_of(dtype) <= SharedMemoryCommunicator::kLatencyPathBytes) continue;
@@ -584,10 +586,12 @@ TEST(SharedGatherTest, DifferentTagsThrowMismatchOnEveryMember) {
   }
 }
 
-// A shared call (member r's input: 2000 floats of r + 1) on 3 members whose
-// member 1 brings another tag: every member throws SignatureMismatch and
-// nothing is made; then the same call agrees, every member holds one output
-// and its last element is `want_last`.
+// A shared call (member r's input: kSharedCallCount floats of r + 1) on 3
+// members whose member 1 brings another tag: every member throws
+// SignatureMismatch and nothing is made; then the same call agrees, every
+// member holds one output and its last element is `want_last`.
+// (80 KB: past where each shared form starts to share.)
+constexpr std::size_t kSharedCallCount = 20000;
 using SharedCall = std::function<std::shared_ptr<std::byte>(SharedMemoryCommunicator&, const float*,
                                                             const CollectiveCall&)>;
 void expect_mismatch_then_one_output(const char* op, const SharedCall& shared_call, float want_last) {
@@ -598,7 +602,7 @@ void expect_mismatch_then_one_output(const char* op, const SharedCall& shared_ca
     std::vector<std::shared_ptr<std::byte>> out(n);
     const std::uint64_t taken_before = blocks_taken();
     auto errors = run_threads(n, [&](int r) {
-      const std::vector<float> send(2000, static_cast<float>(r + 1));
+      const std::vector<float> send(kSharedCallCount, static_cast<float>(r + 1));
       SharedMemoryCommunicator comm(group, r);
       CollectiveCall c = call(op);
       c.signature_tag = mismatch && r == 1 ? 0x30 : 0x40;
@@ -612,7 +616,7 @@ void expect_mismatch_then_one_output(const char* op, const SharedCall& shared_ca
       } else {
         ASSERT_FALSE(e) << message_of(e);
         EXPECT_EQ(out[static_cast<std::size_t>(r)], out[0]);
-        EXPECT_EQ(reinterpret_cast<const float*>(out[0].get())[1999], want_last);
+        EXPECT_EQ(reinterpret_cast<const float*>(out[0].get())[kSharedCallCount - 1], want_last);
       }
     }
     EXPECT_EQ(blocks_taken() - taken_before, mismatch ? 0u : 1u) << "one output, and none on a mismatch";
@@ -625,7 +629,7 @@ TEST(SharedAllReduceTest, DifferentTagsThrowMismatchOnEveryMember) {
   expect_mismatch_then_one_output(
       "all_reduce",
       [](SharedMemoryCommunicator& comm, const float* send, const CollectiveCall& c) {
-        const Communicator::Segment whole{.send = send, .count = 2000};
+        const Communicator::Segment whole{.send = send, .count = kSharedCallCount};
         return comm.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, c);
       },
       6.f);
@@ -763,7 +767,7 @@ TEST(SharedBroadcastTest, DifferentTagsThrowMismatchOnEveryMember) {
   expect_mismatch_then_one_output(
       "broadcast",
       [](SharedMemoryCommunicator& comm, const float* send, const CollectiveCall& c) {
-        return comm.broadcast_shared(send, 2000, DType::kFloat32, 2, c);
+        return comm.broadcast_shared(send, kSharedCallCount, DType::kFloat32, 2, c);
       },
       3.f);
 }

@@ -66,7 +66,8 @@ TEST_P(AllReduceDTypeOpTest, MatchesTheRulesOnEveryReplicaBitForBit) {
 
 void check_all_reduce(int n, DType dtype, ReduceOp op) {
   auto s = testing::mirrored(n);
-  for (std::int64_t count : {0, 1, 5, 1031}) {
+  // 65537 elements: past where the replicas share one output, for every dtype.
+  for (std::int64_t count : {0, 1, 5, 1031, 65537}) {
     auto r = s->run([&, count = count](ReplicaContext& ctx) {
       return ctx.all_reduce(op, input(dtype, ctx.replica_id_in_sync_group(), count));
     });
@@ -76,7 +77,7 @@ void check_all_reduce(int n, DType dtype, ReduceOp op) {
     for (std::int64_t i = 0; i < count; ++i) {
       ASSERT_EQ(first.element_as_double(i), expected(dtype, op, n, i)) << "element " << i;
     }
-    // Every result is read-only; above 1 KiB the replicas share one.
+    // Every result is read-only; above 64 KiB the replicas share one.
     const bool shared = internal::SharedMemoryCommunicator::shares_reduce(n, first.nbytes());
     for (int k = 0; k < n; ++k) {
       const Tensor& got = r[static_cast<std::size_t>(k)];
@@ -269,33 +270,33 @@ TEST(PackingTest, GroupsByDtypeWithTensorFlowsSizeRule) {
   EXPECT_TRUE(internal::plan_packs({}, 0).empty());
 }
 
-// The replicas of one process may share one result (from 1 KiB): writing
-// it through any replica's tensor is a clear error, small or large, lone or
-// packed; a clone is the replica's own.
+// The replicas of one process may share one result (above 64 KiB):
+// writing it through any replica's tensor is a clear error, small or large,
+// lone or packed; a clone is the replica's own.
 TEST(AllReduceTest, ResultsAreReadOnlyAndSharedByTheReplicas) {
   auto s = testing::mirrored(3);
   std::atomic<int> refused{0};
   auto r = s->run([&](ReplicaContext& ctx) {
     const int id = ctx.replica_id_in_sync_group();
-    Tensor big = ctx.all_reduce(ReduceOp::kSum, fill(DType::kFloat32, Shape{2000}, id));
-    if (testing::refuses_writes(big, "float32 (2000,)", ctx.devices()[0])) ++refused;
+    Tensor big = ctx.all_reduce(ReduceOp::kSum, fill(DType::kFloat32, Shape{20000}, id));
+    if (testing::refuses_writes(big, "float32 (20000,)", ctx.devices()[0])) ++refused;
     Tensor mine = big.clone();
     mine.mutable_flat<float>()[0] = 100.f + static_cast<float>(id);
     const Tensor small = ctx.all_reduce(ReduceOp::kSum, fill(DType::kInt32, Shape{3}, id));
     EXPECT_TRUE(small.is_read_only());
     EXPECT_THROW(small.mutable_raw_data(), FailedPreconditionError);
     const std::vector<Tensor> packed = ctx.all_reduce(
-        ReduceOp::kMax, std::vector<Tensor>{fill(DType::kInt32, Shape{700}, id), fill(DType::kInt32, Shape{5}, id)});
+        ReduceOp::kMax, std::vector<Tensor>{fill(DType::kInt32, Shape{17000}, id), fill(DType::kInt32, Shape{5}, id)});
     for (const Tensor& t : packed) EXPECT_TRUE(t.is_read_only());
     return std::vector<Tensor>{big, mine, packed[0]};
   });
   EXPECT_EQ(refused.load(), 3);
   for (std::size_t q = 0; q < 3; ++q) {
-    EXPECT_EQ(r[q][0], fill(DType::kFloat32, Shape{2000}, 3)) << "replica " << q;  // no write or clone reached it
+    EXPECT_EQ(r[q][0], fill(DType::kFloat32, Shape{20000}, 3)) << "replica " << q;  // no write or clone reached it
     EXPECT_EQ(r[q][0].raw_data(), r[0][0].raw_data());
     EXPECT_EQ(r[q][1].at<float>({0}), 100.f + static_cast<float>(q));
-    EXPECT_EQ(r[q][2].raw_data(), r[0][2].raw_data());  // a pack of 2820 bytes: shared too
-    EXPECT_EQ(r[q][2], fill(DType::kInt32, Shape{700}, 2));
+    EXPECT_EQ(r[q][2].raw_data(), r[0][2].raw_data());  // a pack of 68020 bytes: shared too
+    EXPECT_EQ(r[q][2], fill(DType::kInt32, Shape{17000}, 2));
   }
 }
 

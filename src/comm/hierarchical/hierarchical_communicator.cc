@@ -48,7 +48,7 @@ std::vector<std::size_t> per_worker_counts(std::span<const std::size_t> counts, 
 HierarchicalCommunicator::HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id,
                                                    Communicator* workers, std::size_t all_reduce_stream_bytes)
     : local_(std::move(local)), local_id_(local_id), local_size_(local_->size()), workers_(workers),
-      local_comm_(local_, local_id, all_reduce_stream_bytes) {}
+      local_comm_(local_, local_id, all_reduce_stream_bytes, kShareReduceBytes) {}
 
 void HierarchicalCommunicator::pass_on_local_mismatch(const CollectiveCall& call) {
   if (leader()) {
@@ -183,7 +183,7 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span
   for (const Segment& s : segments) total += s.count;
   // As the threads engine decides, on the message's size (agreed by every
   // replica): the latency path's one local round is faster below.
-  if (!SharedMemoryCommunicator::shares_reduce(local_size_, total * size_of(dtype)) ||
+  if (!SharedMemoryCommunicator::shares_reduce(local_size_, total * size_of(dtype), kShareReduceBytes) ||
       (op == ReduceOp::kMean && !is_floating(dtype))) {
     return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
   }

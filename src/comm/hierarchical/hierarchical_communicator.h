@@ -47,6 +47,12 @@ class HierarchicalCommunicator final : public Communicator {
   HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id, Communicator* workers,
                            std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes());
 
+  // From 1 KiB (the local latency path) and not from the threads engine's
+  // 64 KiB: sharing here also saves the fan-out's copies to every local
+  // replica (measured 1.16-1.22x faster at 64 KiB with 2 workers x 2
+  // replicas; docs/benchmarks.md, "all_reduce into one shared output").
+  static constexpr std::size_t kShareReduceBytes = SharedMemoryCommunicator::kLatencyPathBytes;
+
   int rank() const override { return workers_->rank() * local_size_ + local_id_; }
   int size() const override { return workers_->size() * local_size_; }
   std::string_view backend_name() const override { return "hierarchical"; }
@@ -55,11 +61,12 @@ class HierarchicalCommunicator final : public Communicator {
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
-  // Above 1 KiB with several local replicas, the worker's replicas share one
-  // output: the local step reduces into one shared block, the leader reduces
-  // it across the workers in place, and the fan-out only releases the local
-  // replicas (nothing is copied to them). Otherwise each gets its own, and
-  // an integer MEAN gathers as all_reduce does.
+  // Above kShareReduceBytes with several local replicas, the worker's
+  // replicas share one output: the local step reduces into one shared
+  // block, the leader reduces it across the workers in place, and the
+  // fan-out only releases the local replicas (nothing is copied to them).
+  // Otherwise each gets its own, and an integer MEAN gathers as all_reduce
+  // does.
   std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                                const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,

@@ -162,8 +162,12 @@ void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, s
 }
 
 SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
-                                                   std::size_t all_reduce_stream_bytes)
-    : group_(std::move(group)), rank_(rank), all_reduce_stream_bytes_(all_reduce_stream_bytes) {}
+                                                   std::size_t all_reduce_stream_bytes,
+                                                   std::size_t share_reduce_above)
+    : group_(std::move(group)),
+      rank_(rank),
+      all_reduce_stream_bytes_(all_reduce_stream_bytes),
+      share_reduce_above_(share_reduce_above) {}
 
 std::vector<std::string> SharedMemoryCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   const auto& entries =
@@ -259,9 +263,11 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::all_reduce_shared(std::span
   std::size_t total = 0;
   for (const Segment& seg : segments) total += seg.count;
   const std::size_t bytes = total * esz;
-  // The latency path keeps its one round; the bandwidth path takes two
+  // The latency path keeps its one round; up to share_reduce_above each
+  // member's own output is cheaper than the shared one (no allocation
+  // inside the round, no shared count); above, the bandwidth path takes two
   // rounds anyway, so one output for all costs no round.
-  if (!shares_reduce(n, bytes)) return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
+  if (!shares_reduce(n, bytes, share_reduce_above_)) return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
   SourceList source_list(n);  // allocations before the data round, as all_reduce's
   const void** srcs = source_list.data();

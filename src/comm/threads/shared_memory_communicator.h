@@ -75,8 +75,11 @@ class SharedMemoryCommunicator final : public Communicator {
 
   // `all_reduce_stream_bytes`: where this member's all_reduce starts to
   // stream (the runtime passes its strategy's; tests set their own).
+  // `share_reduce_above`: the size above which all_reduce_shared shares its
+  // output (every member of a group passes the same).
   SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
-                           std::size_t all_reduce_stream_bytes = default_all_reduce_stream_bytes());
+                           std::size_t all_reduce_stream_bytes = default_all_reduce_stream_bytes(),
+                           std::size_t share_reduce_above = kShareReduceBytes);
 
   // Whether this member's all_reduce of `bytes` (bandwidth path) streams.
   bool streams(std::size_t bytes) const { return size() > 1 && bytes >= all_reduce_stream_bytes_; }
@@ -91,15 +94,29 @@ class SharedMemoryCommunicator final : public Communicator {
   // The bandwidth path straight from and into every segment: no staging copy.
   void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op, const CollectiveCall& call,
                            std::int64_t mean_divisor = 0) override;
-  // Above kLatencyPathBytes with more than one member (shares_reduce),
-  // every member returns one output, allocated by
+  // Above share_reduce_above (kShareReduceBytes unless the constructor was
+  // given another) with more than one member (shares_reduce), every member
+  // returns one output, allocated by
   // the member that completes the data round: each reduces its slice into
-  // it once, where all_reduce copies each slice into every output.
+  // it once, where all_reduce copies each slice into every output. Up to
+  // it, each member's own output from its thread's storage cache, filled by
+  // all_reduce.
   std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                                const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
+  // Where one shared output starts to pay among the threads of a process
+  // (docs/benchmarks.md, "all_reduce: own outputs up to 64 KiB"). It saves
+  // writes (S/n bytes per member instead of S), but costs an allocation
+  // inside the round, from the cache every thread shares, and a reference
+  // count every member changes: measured on the AMD EPYC machines, own
+  // outputs were as fast or faster up to 64 KiB, the shared one faster from
+  // 256 KiB. (HierarchicalCommunicator shares from 1 KiB: there it also
+  // saves the fan-out's copies.)
+  static constexpr std::size_t kShareReduceBytes = 64 * 1024;
   // Whether all_reduce_shared shares its output among `members`, by the
-  // message's bytes.
-  static bool shares_reduce(int members, std::size_t bytes) { return members > 1 && bytes > kLatencyPathBytes; }
+  // message's bytes: above `above`, the members' share_reduce_above.
+  static bool shares_reduce(int members, std::size_t bytes, std::size_t above = kShareReduceBytes) {
+    return members > 1 && bytes > above;
+  }
   // Each member reduces its own block straight from every member's send
   // buffer into its recv: no staging, nothing copied to the others.
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
@@ -149,6 +166,7 @@ class SharedMemoryCommunicator final : public Communicator {
   std::shared_ptr<LocalGroup> group_;
   int rank_;
   std::size_t all_reduce_stream_bytes_;
+  std::size_t share_reduce_above_;
 };
 
 }  // namespace distribute::internal
