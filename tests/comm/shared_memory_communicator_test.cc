@@ -859,21 +859,25 @@ TEST(AllReduceAbortTest, AbortReleasesRanksWaitingInAllReduce) {
 // returned, the canary must be intact. (When members left the last round on
 // an abort without waiting for the others, most runs wrote into a returned
 // member's output.)
-// Runs per op, so that the test stays well inside the hang watchdog's 50 s
-// under TSan on a loaded 2-core machine (5 ops x 16 runs took 33 s there alone).
+// One test per op (each a process of its own under ctest, with the hang
+// watchdog's 50 s to itself: the five ops in one test took 39 s under TSan
+// in a CI run). 16 runs each, 12 under TSan.
 #if defined(__SANITIZE_THREAD__)
 constexpr int kRunsPerOp = 12;
 #else
 constexpr int kRunsPerOp = 16;
 #endif
 
-TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
+class AbortTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
   constexpr int kMembers = 3;
   constexpr std::size_t kCount = 1 << 20;  // 4 MiB of float32: the bandwidth paths
   constexpr float kCanary = -7.f;
   std::mt19937 rng(12345);
   int raised_in_call = 0, raised_after = 0;
-  for (const char* op : {"all_reduce", "all_reduce_shared", "broadcast", "broadcast_shared", "all_gather"}) {
+  const char* const op = GetParam();
+  {
     std::vector<std::vector<float>> out(kMembers, std::vector<float>(kCount * kMembers, 0.f));
     auto run_call = [&](SharedMemoryCommunicator& comm, int r, const float* in) {
       auto& mine = out[static_cast<std::size_t>(r)];
@@ -969,6 +973,11 @@ TEST(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
   EXPECT_GT(raised_in_call, 0);
   EXPECT_GT(raised_after, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryBandwidthPath, AbortTest,
+                         ::testing::Values("all_reduce", "all_reduce_shared", "broadcast", "broadcast_shared",
+                                           "all_gather"),
+                         [](const ::testing::TestParamInfo<const char*>& param) { return std::string(param.param); });
 
 }  // namespace
 }  // namespace distribute::internal
