@@ -187,9 +187,7 @@ struct ReplicaSelection<std::map<K, V, Compare>> {
 template <>
 struct ReplicaSelection<IndexedSlices> {
   using type = IndexedSlices;
-  static IndexedSlices select(std::size_t, const IndexedSlices& v) {
-    return IndexedSlices(v.values().as_read_only(), v.indices().as_read_only(), v.dense_shape());
-  }
+  static IndexedSlices select(std::size_t, const IndexedSlices& v) { return v.as_read_only(); }
   static constexpr bool kDistributed = false;
 };
 

@@ -27,6 +27,12 @@ class IndexedSlices {
   const Shape& dense_shape() const { return dense_shape_; }
   DType dtype() const { return values_.dtype(); }
 
+  // The same slices (the same storage) with read-only values and indices,
+  // as a value every replica receives whole is handed out. No check again:
+  // these were checked when made (O(1), where the constructor reads every
+  // index).
+  IndexedSlices as_read_only() const;
+
   // Sums rows into a dense tensor (duplicates add up, in order).
   Tensor to_dense() const;
 
@@ -34,6 +40,10 @@ class IndexedSlices {
   friend bool operator==(const IndexedSlices& a, const IndexedSlices& b);
 
  private:
+  struct Checked {};
+  IndexedSlices(Checked, Tensor values, Tensor indices, Shape dense_shape)
+      : values_(std::move(values)), indices_(std::move(indices)), dense_shape_(std::move(dense_shape)) {}
+
   Tensor values_;
   Tensor indices_;
   Shape dense_shape_;

@@ -36,6 +36,10 @@ IndexedSlices::IndexedSlices(Tensor values, Tensor indices, Shape dense_shape)
   }
 }
 
+IndexedSlices IndexedSlices::as_read_only() const {
+  return IndexedSlices(Checked{}, values_.as_read_only(), indices_.as_read_only(), dense_shape_);
+}
+
 Tensor IndexedSlices::to_dense() const {
   Tensor dense(values_.dtype(), dense_shape_, values_.device());
   const std::int64_t row_elems = dense_shape_[0] == 0 ? 0 : dense_shape_.num_elements() / dense_shape_[0];

@@ -104,6 +104,24 @@ TEST(IndexedSlicesTest, Equality) {
   EXPECT_FALSE(a == IndexedSlices(constant({{1.f, 2.f}}), constant({3}), Shape{11, 2}));
 }
 
+// The same storage, read-only, the caller's own unchanged; the flag stays
+// on copies, and writes through it are refused.
+TEST(IndexedSlicesTest, AsReadOnlySharesTheStorage) {
+  const IndexedSlices g(constant({{1.f, 2.f}, {3.f, 4.f}}), constant({3, 0}), Shape{10, 2});
+  const IndexedSlices r = g.as_read_only();
+  EXPECT_TRUE(r == g);
+  EXPECT_EQ(r.values().raw_data(), g.values().raw_data());
+  EXPECT_EQ(r.indices().raw_data(), g.indices().raw_data());
+  EXPECT_EQ(r.dense_shape(), g.dense_shape());
+  EXPECT_TRUE(r.values().is_read_only());
+  EXPECT_TRUE(r.indices().is_read_only());
+  EXPECT_FALSE(g.values().is_read_only());
+  EXPECT_FALSE(g.indices().is_read_only());
+  const IndexedSlices copy = r;
+  EXPECT_THROW(copy.values().mutable_raw_data(), FailedPreconditionError);
+  EXPECT_THROW(copy.indices().mutable_raw_data(), FailedPreconditionError);
+}
+
 TEST(IndexedSlicesTest, Repr) {
   IndexedSlices g(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2});
   const std::string want =
