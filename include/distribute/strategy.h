@@ -438,6 +438,11 @@ auto StrategyExtended::update(Mirrored<T>& var, Fn&& fn, const Args&... args) {
 template <class T, class Fn, class... Args>
 auto StrategyExtended::update_components(Mirrored<T>& var, Fn& fn, const Args&... args) {
   check_update_target(var.size());
+  // Every distributed argument, nested ones too, before any component is
+  // touched: one with too few components would fail part-way, leaving the
+  // mirrors apart, and one with too many would pass unnoticed.
+  [[maybe_unused]] auto count = [this](std::size_t components) { check_update_target(components); };
+  (internal::for_each_component_count(args, count), ...);
   using R = std::decay_t<std::invoke_result_t<Fn&, T&, select_replica_t<Args>...>>;
   if constexpr (std::is_void_v<R>) {
     for (std::size_t i = 0; i < var.size(); ++i) fn(var.mutable_values()[i], select_replica(i, args)...);

@@ -529,6 +529,44 @@ TEST(ExtendedTest, UpdateInCrossReplicaAndReplicaContext) {
   EXPECT_THROW(s->extended().update(wrong, add, constant(1.f)), InvalidArgumentError);
 }
 
+// An argument with another number of components than the strategy has
+// replicas, at the top or nested (too few would fail part-way, leaving some
+// components updated; too many would pass unnoticed): refused before any
+// component is touched, naming update.
+TEST(ExtendedTest, UpdateRefusesArgumentsWithOtherComponentCounts) {
+  auto s = testing::mirrored(2);
+  Mirrored<Tensor> var(std::vector<Tensor>{constant(10.f), constant(10.f)});
+  std::atomic<int> calls{0};
+  // Generic: update's replica-context branch (compiled, not taken here)
+  // hands fn a replica's whole argument.
+  auto add = [&](Tensor& v, const auto& delta) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(delta)>, Tensor>) {
+      ++calls;
+      v = constant(v.scalar<float>() + delta.template scalar<float>());
+    } else {
+      ADD_FAILURE() << "called with a replica's whole argument";
+    }
+  };
+  const PerReplica<Tensor> one(std::vector<Tensor>{constant(1.f)});
+  const PerReplica<Tensor> three(std::vector<Tensor>{constant(1.f), constant(2.f), constant(3.f)});
+  for (const PerReplica<Tensor>* bad : {&one, &three}) {
+    const std::string msg = testing::expect_throw<InvalidArgumentError>([&] { s->extended().update(var, add, *bad); });
+    EXPECT_NE(msg.find("update: a distributed value has " + std::to_string(bad->size()) + " components but"),
+              std::string::npos)
+        << msg;
+    // Nested in a vector, as select_replica looks into it.
+    auto nested = [&](Tensor& v, const auto& deltas) { add(v, deltas[0]); };
+    EXPECT_THROW(s->extended().update(var, nested, std::vector<PerReplica<Tensor>>{*bad}), InvalidArgumentError);
+  }
+  EXPECT_EQ(calls.load(), 0);
+  EXPECT_EQ(var[0], constant(10.f));
+  EXPECT_EQ(var[1], constant(10.f));
+  // The right count goes through.
+  s->extended().update(var, add, PerReplica<Tensor>(std::vector<Tensor>{constant(1.f), constant(2.f)}));
+  EXPECT_EQ(var[0], constant(11.f));
+  EXPECT_EQ(var[1], constant(12.f));
+}
+
 // update() in a replica context hands every replica the whole result, whose
 // tensors are one storage for all of them (here the variable's components
 // themselves): each replica's are read-only views, alone or inside a pair or
