@@ -140,11 +140,15 @@ Tensor result_view(std::shared_ptr<std::byte> result, std::size_t offset, const 
   return Tensor::from_shared(std::move(view), value.dtype(), value.shape(), device).as_read_only();
 }
 
-// A reference to `shared` whose count is this replica's own: the views of a
-// pack (a model's gradients: hundreds) copy it, and the output's own count,
-// on a line every replica of the process writes, changes once.
-std::shared_ptr<std::byte> own_reference(std::shared_ptr<std::byte> shared) {
-  auto holder = std::make_shared<std::shared_ptr<std::byte>>(std::move(shared));
+// The reference the `views` views of a pack's output copy. If other
+// replicas hold the output too (the engine shared it: a count above 1), one
+// whose count is this replica's own: the views (a model's gradients:
+// hundreds) copy it, and the output's own count, on a line every replica of
+// the process writes, changes once. An output of this replica's own needs
+// no second count.
+std::shared_ptr<std::byte> reference_for_views(std::shared_ptr<std::byte> result, std::size_t views) {
+  if (views < 2 || result.use_count() < 2) return result;
+  auto holder = std::make_shared<std::shared_ptr<std::byte>>(std::move(result));
   std::byte* const data = holder->get();
   return {std::move(holder), data};
 }
@@ -167,7 +171,7 @@ std::vector<Tensor> reduce_packed(ReplicaChannel& ch, const std::vector<Tensor>&
     for (std::size_t i : pack.leaves) segments.push_back(segment_of(leaves[i]));
     std::shared_ptr<std::byte> result = reduce_segments(ch, segments, pack.dtype, op, call);
     call.signature_tag = 0;
-    if (pack.leaves.size() > 1 && ch.local->size() > 1) result = own_reference(std::move(result));
+    result = reference_for_views(std::move(result), pack.leaves.size());
     std::size_t offset = 0;
     for (std::size_t k = 0; k < pack.leaves.size(); ++k) {
       const std::size_t i = pack.leaves[k];
@@ -575,7 +579,7 @@ std::vector<Tensor> broadcast_packed(ReplicaChannel& ch, const std::vector<Tenso
     ++ch.data_calls;
     call.signature_tag = 0;
     staged.reset();
-    if (pack.leaves.size() > 1 && ch.local->size() > 1) result = own_reference(std::move(result));
+    result = reference_for_views(std::move(result), pack.leaves.size());
     std::size_t offset = 0;
     for (std::size_t k = 0; k < pack.leaves.size(); ++k) {
       const std::size_t i = pack.leaves[k];

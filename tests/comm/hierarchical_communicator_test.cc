@@ -106,8 +106,11 @@ TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput)
     const int j = static_cast<int>(k % 7);
     return dtype == DType::kInt8 ? 120 - r - j % 3 : r * 1000 + j;
   };
-  // 2000: over the 1 KiB from which the workers' replicas share, under the
-  // in-process engine's 64 KiB (its local step is given the 1 KiB).
+  // 2000: over the 1 KiB from which a worker's replicas share, under the
+  // in-process engine's 64 KiB. (Whether the local step shares too is not
+  // seen here: the fan-out hands out the leader's block either way;
+  // SharedAllReduceTest.ShareReduceAboveIsWhereTheOutputIsShared checks the
+  // setting the local step is given.)
   for (const std::size_t count : {std::size_t{3}, std::size_t{2000}, std::size_t{100000}}) {
     for (const auto& [dtype, op] : {std::pair{DType::kFloat64, ReduceOp::kMean}, std::pair{DType::kInt32, ReduceOp::kSum},
                                     std::pair{DType::kInt8, ReduceOp::kMean}}) {

@@ -66,8 +66,12 @@ TEST_P(AllReduceDTypeOpTest, MatchesTheRulesOnEveryReplicaBitForBit) {
 
 void check_all_reduce(int n, DType dtype, ReduceOp op) {
   auto s = testing::mirrored(n);
-  // 65537 elements: past where the replicas share one output, for every dtype.
-  for (std::int64_t count : {0, 1, 5, 1031, 65537}) {
+  // 65537 elements: past where the replicas share one output, for every
+  // dtype (with 2 and 3 replicas: the element-wise check is slow under the
+  // sanitizers).
+  std::vector<std::int64_t> counts = {0, 1, 5, 1031};
+  if (n == 2 || n == 3) counts.push_back(65537);
+  for (std::int64_t count : counts) {
     auto r = s->run([&, count = count](ReplicaContext& ctx) {
       return ctx.all_reduce(op, input(dtype, ctx.replica_id_in_sync_group(), count));
     });

@@ -81,9 +81,10 @@ struct Options {
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "--api both: the engine and the API alternately in one run, with the API's overhead\n"
                "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
-               "--shared-output: the engine's all_reduce, all_gather or broadcast into one output for every replica,\n"
-               "                 as the API's (all_reduce_shared, all_gather_v_shared, broadcast_shared), not into\n"
-               "                 each replica's own buffer\n"
+               "--shared-output: the engine's all_reduce, all_gather or broadcast as the API's (all_reduce_shared,\n"
+               "                 all_gather_v_shared, broadcast_shared): one output for every replica where they\n"
+               "                 share it (all_reduce above 64 KiB, all_gather above 4 KiB of contribution,\n"
+               "                 broadcast above 4 KiB), not into each replica's own buffer\n"
                "--merge-call: the API's broadcast as TensorFlow does it (merge_call and extended().broadcast_to),\n"
                "              not ReplicaContext::broadcast\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
@@ -648,19 +649,19 @@ int run_benchmark(const Options& o) {
   if (o.api != "raw" && !o.merge_call) {
     std::printf("# api: every replica's result views one shared output (read-only) once %s\n",
                 o.op == "all_gather" ? "a contribution passes 4 KiB"
-                : o.op == "all_reduce" ? "the message passes 1 KiB"
+                : o.op == "all_reduce" ? "the message passes 64 KiB (1 KiB among a worker's replicas)"
                                        : "the message passes 4 KiB");
   }
   if (o.merge_call) std::printf("# api: merge_call and extended().broadcast_to, as TensorFlow\n");
   if (o.shared_output) {
-    std::printf("# raw: %s, one output for every replica, as the API's\n",
+    std::printf("# raw: %s, one output for every replica where it shares one, as the API's\n",
                 o.op == "all_reduce"   ? "all_reduce_shared"
                 : o.op == "all_gather" ? "all_gather_v_shared"
                                        : "broadcast_shared");
   }
   if (both) {
     std::printf("# raw: the engine on %s, alternating with the API call iteration by iteration\n",
-                o.shared_output ? "one output for every replica" : "its own buffers");
+                o.shared_output ? "the API's shared forms" : "its own buffers");
     std::printf("# faults/iter: page faults of one iteration (the engine's call and the API's together)\n");
     std::printf("# %12s %11s %8s %7s %11s %11s %12s %8s %7s %11s\n", "size(B)", "count", "type", "redop", "raw(us)",
                 "api(us)", "api-raw(us)", "api/raw", "#wrong", "faults/iter");

@@ -47,10 +47,11 @@ class HierarchicalCommunicator final : public Communicator {
   HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id, Communicator* workers,
                            std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes());
 
-  // From 1 KiB (the local latency path) and not from the threads engine's
+  // Above 1 KiB (the local latency path) and not the threads engine's
   // 64 KiB: sharing here also saves the fan-out's copies to every local
   // replica (measured 1.16-1.22x faster at 64 KiB with 2 workers x 2
-  // replicas; docs/benchmarks.md, "all_reduce into one shared output").
+  // replicas on the Intel machine; docs/benchmarks.md, "all_reduce into one
+  // shared output"; 1 to 64 KiB not measured).
   static constexpr std::size_t kShareReduceBytes = SharedMemoryCommunicator::kLatencyPathBytes;
 
   int rank() const override { return workers_->rank() * local_size_ + local_id_; }

@@ -108,8 +108,8 @@ class SharedMemoryCommunicator final : public Communicator {
   // writes (S/n bytes per member instead of S), but costs an allocation
   // inside the round, from the cache every thread shares, and a reference
   // count every member changes: measured on the AMD EPYC machines, own
-  // outputs were as fast or faster up to 64 KiB, the shared one faster from
-  // 256 KiB. (HierarchicalCommunicator shares from 1 KiB: there it also
+  // outputs were no slower up to 64 KiB, the shared one clearly faster from
+  // 512 KiB. (HierarchicalCommunicator shares above 1 KiB: there it also
   // saves the fan-out's copies.)
   static constexpr std::size_t kShareReduceBytes = 64 * 1024;
   // Whether all_reduce_shared shares its output among `members`, by the
