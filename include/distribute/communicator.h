@@ -85,9 +85,10 @@ class Communicator {
   // of every segment's result, null for no elements. Ranks that share an
   // address space may all be given the same storage (the in-process backend
   // does above 64 KiB with more than one rank, the hierarchical one above
-  // 1 KiB among the replicas of a worker), so that each element of the result is written
-  // once instead of once per rank. The default allocates one block per rank and
-  // calls all_reduce (one segment) or all_reduce_segments.
+  // 1 KiB among the replicas of a worker), so that each element of the
+  // result is written once instead of once per rank. The default allocates
+  // one block per rank and calls all_reduce (one segment) or
+  // all_reduce_segments.
   virtual std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                                        const CollectiveCall& call, std::int64_t mean_divisor = 0);
   // Every rank passes the same counts and a send buffer of their sum; rank r

@@ -356,13 +356,19 @@ void for_each_component_count([[maybe_unused]] const T& value, [[maybe_unused]] 
   }
 }
 
-template <class Fn, class... Args>
-auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... args) {
-  // Every distributed value, nested ones too, before any replica starts: one
-  // with too few components would fail in some replicas only, and one with
-  // too many would pass unnoticed.
+// Checks every distributed value among `args`, nested ones too, for one
+// component per local replica of `s` (check_components, naming `api`).
+template <class... Args>
+void check_component_counts(const Strategy& s, std::string_view api, const Args&... args) {
   [[maybe_unused]] auto count = [&](std::size_t components) { check_components(components, s, api); };
   (for_each_component_count(args, count), ...);
+}
+
+template <class Fn, class... Args>
+auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... args) {
+  // Before any replica starts: a value with too few components would fail
+  // in some replicas only, and one with too many would pass unnoticed.
+  check_component_counts(s, api, args...);
   using R = replica_result_t<Fn, Args...>;
   if constexpr (std::is_void_v<R>) {
     s.run_replicas([&](ReplicaContext& ctx) { invoke_replica_fn(ctx, fn, args...); }, api);
@@ -438,11 +444,10 @@ auto StrategyExtended::update(Mirrored<T>& var, Fn&& fn, const Args&... args) {
 template <class T, class Fn, class... Args>
 auto StrategyExtended::update_components(Mirrored<T>& var, Fn& fn, const Args&... args) {
   check_update_target(var.size());
-  // Every distributed argument, nested ones too, before any component is
-  // touched: one with too few components would fail part-way, leaving the
-  // mirrors apart, and one with too many would pass unnoticed.
-  [[maybe_unused]] auto count = [this](std::size_t components) { check_update_target(components); };
-  (internal::for_each_component_count(args, count), ...);
+  // Before any component is touched: an argument with too few components
+  // would fail part-way, leaving the mirrors apart, and one with too many
+  // would pass unnoticed.
+  internal::check_component_counts(*strategy_, "update", args...);
   using R = std::decay_t<std::invoke_result_t<Fn&, T&, select_replica_t<Args>...>>;
   if constexpr (std::is_void_v<R>) {
     for (std::size_t i = 0; i < var.size(); ++i) fn(var.mutable_values()[i], select_replica(i, args)...);

@@ -181,9 +181,9 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span
                                                                        std::int64_t mean_divisor) {
   std::size_t total = 0;
   for (const Segment& s : segments) total += s.count;
-  // As the threads engine decides, on the message's size (agreed by every
-  // replica): the latency path's one local round is faster below.
-  if (!SharedMemoryCommunicator::shares_reduce(local_size_, total * size_of(dtype), kShareReduceBytes) ||
+  // As the local step decides (it was given kShareReduceBytes), on the
+  // message's size, agreed by every replica.
+  if (!local_comm_.shares_reduce(total * size_of(dtype)) ||
       (op == ReduceOp::kMean && !is_floating(dtype))) {
     return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
   }

@@ -267,7 +267,7 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::all_reduce_shared(std::span
   // member's own output is cheaper than the shared one (no allocation
   // inside the round, no shared count); above, the bandwidth path takes two
   // rounds anyway, so one output for all costs no round.
-  if (!shares_reduce(n, bytes, share_reduce_above_)) return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
+  if (!shares_reduce(bytes)) return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : n;
   SourceList source_list(n);  // allocations before the data round, as all_reduce's
   const void** srcs = source_list.data();

@@ -117,6 +117,8 @@ class SharedMemoryCommunicator final : public Communicator {
   static bool shares_reduce(int members, std::size_t bytes, std::size_t above = kShareReduceBytes) {
     return members > 1 && bytes > above;
   }
+  // Whether this member's all_reduce_shared of `bytes` shares its output.
+  bool shares_reduce(std::size_t bytes) const { return shares_reduce(size(), bytes, share_reduce_above_); }
   // Each member reduces its own block straight from every member's send
   // buffer into its recv: no staging, nothing copied to the others.
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
