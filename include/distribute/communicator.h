@@ -118,13 +118,20 @@ class Communicator {
                                                          std::size_t outer, DType dtype, const CollectiveCall& call);
   // Copies root's buffer into every other rank's buffer; root's is only read.
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) = 0;
+  // Out of place, as ncclBroadcast: root's `send` into every rank's `recv`,
+  // root's own included; `send` is read on root only (the others may pass
+  // null). send == recv on root is broadcast() in place. On
+  // SignatureMismatch root's recv is untouched. The default broadcasts from
+  // root's send in place, then root copies it into its recv.
+  virtual void broadcast_out_of_place(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                                      const CollectiveCall& call);
   // broadcast into storage of the call's own, which this rank must only
   // read: returns root's `count` elements (null for none); `send` is read
   // on root only. Ranks that share an address space may all be given the
   // same storage (the in-process backend does above 4 KiB, the hierarchical
   // one among the replicas of a worker), so that root's bytes are copied
   // once instead of once per rank. The default allocates one block per rank
-  // and calls broadcast (root: from `send`, then copies it into its block).
+  // and calls broadcast_out_of_place into it.
   virtual std::shared_ptr<std::byte> broadcast_shared(const void* send, std::size_t count, DType dtype, int root,
                                                       const CollectiveCall& call);
   virtual void barrier(const CollectiveCall& call) = 0;

@@ -79,15 +79,21 @@ std::shared_ptr<std::byte> Communicator::broadcast_shared(const void* send, std:
   const std::size_t bytes = count * size_of(dtype);
   std::shared_ptr<std::byte> out = bytes ? internal::allocate_storage(bytes) : nullptr;
   std::byte none{};  // a buffer for no elements: the rounds are taken all the same
-  if (rank() != root) {
-    broadcast(out ? out.get() : &none, count, dtype, root, call);
-    return out;
-  }
-  // The root sends from its value (every backend's broadcast only reads the
-  // root's buffer) and copies it into its own result once the others have it.
-  broadcast(bytes ? const_cast<void*>(send) : &none, count, dtype, root, call);
-  if (bytes) std::memcpy(out.get(), send, bytes);
+  broadcast_out_of_place(bytes ? send : &none, out ? out.get() : &none, count, dtype, root, call);
   return out;
+}
+
+void Communicator::broadcast_out_of_place(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                                          const CollectiveCall& call) {
+  if (rank() != root) {
+    broadcast(recv, count, dtype, root, call);
+    return;
+  }
+  // The root sends from `send` (every backend's broadcast only reads the
+  // root's buffer) and copies it into recv once the others have it.
+  broadcast(const_cast<void*>(send), count, dtype, root, call);
+  const std::size_t bytes = count * size_of(dtype);
+  if (bytes && recv != send) std::memcpy(recv, send, bytes);
 }
 
 }  // namespace distribute

@@ -289,8 +289,13 @@ TEST_P(HierarchicalTest, BroadcastOnlyReadsTheRootsBuffer) {
         c.broadcast(buffer, count, DType::kFloat32, root, call);
         const auto out = c.broadcast_shared(values, count, DType::kFloat32, root, call);
         const auto* got = reinterpret_cast<const float*>(out.get());
+        // Out of place (the default form: in place, then the root's copy):
+        // the root's recv gets its bytes too.
+        std::vector<float> recv(count, -1.f);
+        c.broadcast_out_of_place(r == root ? values : nullptr, recv.data(), count, DType::kFloat32, root, call);
         for (std::size_t k = 0; k < count; ++k) {
-          if (buffer[k] != static_cast<float>(k + 1) || got[k] != static_cast<float>(k + 1)) {
+          if (buffer[k] != static_cast<float>(k + 1) || got[k] != static_cast<float>(k + 1) ||
+              recv[k] != static_cast<float>(k + 1)) {
             FAIL() << "rank " << r << " root " << root << " k " << k;
           }
         }

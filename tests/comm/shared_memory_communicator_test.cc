@@ -708,30 +708,101 @@ TEST(SharedAllReduceTest, TheBlockComesBackOnceLetGo) {
   for (std::size_t i = 1; i < blocks.size(); ++i) EXPECT_EQ(blocks[i], blocks[0]) << "call " << i;
 }
 
-TEST(BroadcastTest, EveryRankGetsTheRootsBytes) {
+// In place (broadcast), out of place (broadcast_out_of_place: the others
+// pass no send), and out of place with the root's recv its send.
+enum class BroadcastForm { kInPlace, kOutOfPlace, kRootInPlace };
+
+class BroadcastTest : public ::testing::TestWithParam<BroadcastForm> {};
+
+TEST_P(BroadcastTest, EveryRankGetsTheRootsBytesAndNoSendChanges) {
+  const BroadcastForm form = GetParam();
   // 6 and 7 doubles: a small round's first line and one more; the most a
-  // small round carries, and one more (the inline path); 10000: two rounds;
-  // past kStreamBytes: streaming stores.
+  // small round carries, and one more (the inline path); the most the
+  // inline path carries, and one more (two rounds); 10000; past
+  // kStreamBytes: streaming stores.
   const std::size_t small = LocalGroup::kSmallBytes / sizeof(double);
+  const std::size_t inline_count = LocalGroup::kInlineBytes / sizeof(double);
   const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(double) + 3;
-  for (std::size_t count : {std::size_t{6}, std::size_t{7}, small, small + 1, std::size_t{10000}, streaming}) {
-  for (int n : {1, 2, 3, 7}) {
-    for (int root = 0; root < n; ++root) {
-      if (count > 10000 && (n > 2 || root > 0)) continue;  // one large case is enough
-      auto group = std::make_shared<LocalGroup>(n);
-      std::vector<std::vector<double>> bufs(static_cast<std::size_t>(n), std::vector<double>(count));
-      for (int r = 0; r < n; ++r) {
-        for (std::size_t i = 0; i < count; ++i) bufs[static_cast<std::size_t>(r)][i] = r * 1000 + static_cast<double>(i);
+  for (std::size_t count : {std::size_t{0}, std::size_t{6}, std::size_t{7}, small, small + 1, inline_count,
+                            inline_count + 1, std::size_t{10000}, streaming}) {
+    for (int n : {1, 2, 3, 7}) {
+      for (int root = 0; root < n; ++root) {
+        if (count > 10000 && (n > 2 || root > 0)) continue;  // one large case is enough
+        SCOPED_TRACE(std::to_string(n) + " ranks, root " + std::to_string(root) + ", " + std::to_string(count) +
+                     " doubles");
+        auto group = std::make_shared<LocalGroup>(n);
+        const auto value = [](int r, std::size_t i) { return r * 1000 + static_cast<double>(i); };
+        std::vector<std::vector<double>> send(static_cast<std::size_t>(n), std::vector<double>(count));
+        for (int r = 0; r < n; ++r) {
+          for (std::size_t i = 0; i < count; ++i) send[static_cast<std::size_t>(r)][i] = value(r, i);
+        }
+        const std::vector<std::vector<double>> sent = send;
+        std::vector<std::vector<double>> recv(static_cast<std::size_t>(n), std::vector<double>(count, -1.0));
+        auto errors = run_threads(n, [&](int r) {
+          SharedMemoryCommunicator comm(group, r);
+          double* mine = send[static_cast<std::size_t>(r)].data();
+          double* out = recv[static_cast<std::size_t>(r)].data();
+          if (form == BroadcastForm::kInPlace) {
+            comm.broadcast(mine, count, DType::kFloat64, root, call("broadcast"));
+          } else if (form == BroadcastForm::kRootInPlace && r == root) {
+            comm.broadcast_out_of_place(mine, mine, count, DType::kFloat64, root, call("broadcast"));
+          } else {
+            comm.broadcast_out_of_place(r == root ? mine : nullptr, out, count, DType::kFloat64, root,
+                                        call("broadcast"));
+          }
+          comm.barrier(call("barrier"));
+        });
+        for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+        const std::vector<double>& want = sent[static_cast<std::size_t>(root)];
+        for (int r = 0; r < n; ++r) {
+          const auto u = static_cast<std::size_t>(r);
+          if (form == BroadcastForm::kInPlace) {
+            EXPECT_EQ(send[u], want) << "rank " << r;
+          } else if (form == BroadcastForm::kRootInPlace && r == root) {
+            EXPECT_EQ(send[u], want) << "rank " << r;
+            EXPECT_EQ(recv[u], std::vector<double>(count, -1.0)) << "rank " << r << ": its recv was not passed";
+          } else {
+            EXPECT_EQ(recv[u], want) << "rank " << r;
+            EXPECT_EQ(send[u], sent[u]) << "rank " << r << ": a send changed";
+          }
+        }
       }
-      auto errors = run_threads(n, [&](int r) {
-        SharedMemoryCommunicator comm(group, r);
-        comm.broadcast(bufs[static_cast<std::size_t>(r)].data(), count, DType::kFloat64, root, call("broadcast"));
-        comm.barrier(call("barrier"));
-      });
-      for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
-      for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[static_cast<std::size_t>(r)], bufs[static_cast<std::size_t>(root)]);
     }
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, BroadcastTest,
+                         ::testing::Values(BroadcastForm::kInPlace, BroadcastForm::kOutOfPlace,
+                                           BroadcastForm::kRootInPlace),
+                         [](const ::testing::TestParamInfo<BroadcastForm>& param) {
+                           return param.param == BroadcastForm::kInPlace      ? std::string("InPlace")
+                                  : param.param == BroadcastForm::kOutOfPlace ? std::string("OutOfPlace")
+                                                                              : std::string("RootInPlace");
+                         });
+
+// A rank whose tag differs fails every rank of an out-of-place broadcast
+// before any recv is written, the root's included, on every path.
+TEST(BroadcastMismatchTest, OutOfPlaceWritesNoRecv) {
+  constexpr int kRanks = 3;
+  auto group = std::make_shared<LocalGroup>(kRanks);
+  for (const std::size_t count : {std::size_t{4}, LocalGroup::kInlineBytes / sizeof(float), std::size_t{20000}}) {
+    SCOPED_TRACE(std::to_string(count) + " floats");
+    const std::vector<float> send(count, 5.f);
+    std::vector<std::vector<float>> recv(kRanks, std::vector<float>(count, -1.f));
+    auto errors = run_threads(kRanks, [&](int r) {
+      SharedMemoryCommunicator comm(group, r);
+      CollectiveCall c = call("broadcast");
+      c.signature_tag = r == 2 ? 0x1234 : 0x5678;
+      comm.broadcast_out_of_place(r == 1 ? send.data() : nullptr, recv[static_cast<std::size_t>(r)].data(), count,
+                                  DType::kFloat32, 1, c);
+    });
+    for (auto& e : errors) {
+      ASSERT_TRUE(e);
+      EXPECT_THROW(std::rethrow_exception(e), SignatureMismatch);
+    }
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(recv[static_cast<std::size_t>(r)], std::vector<float>(count, -1.f)) << "rank " << r;
+    }
   }
 }
 
@@ -919,6 +990,10 @@ TEST_P(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
         comm.all_reduce(in, mine.data(), kCount, DType::kFloat32, ReduceOp::kSum, call(op));
       } else if (std::string_view(op) == "broadcast") {
         comm.broadcast(mine.data(), kCount * kMembers, DType::kFloat32, 0, call(op));
+      } else if (std::string_view(op) == "broadcast_out_of_place") {
+        // Every member writes into the root's output too, and reads the
+        // root's input (ASan catches a late reader of a freed one).
+        comm.broadcast_out_of_place(r == 0 ? in : nullptr, mine.data(), kCount, DType::kFloat32, 0, call(op));
       } else if (std::string_view(op) == "broadcast_shared") {
         // The members read the root's input (ASan catches a late reader of a freed one).
         const auto result = comm.broadcast_shared(in, kCount, DType::kFloat32, 0, call(op));
@@ -1009,8 +1084,8 @@ TEST_P(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBandwidthPath, AbortTest,
-                         ::testing::Values("all_reduce", "all_reduce_shared", "broadcast", "broadcast_shared",
-                                           "all_gather"),
+                         ::testing::Values("all_reduce", "all_reduce_shared", "broadcast", "broadcast_out_of_place",
+                                           "broadcast_shared", "all_gather"),
                          [](const ::testing::TestParamInfo<const char*>& param) { return std::string(param.param); });
 
 }  // namespace

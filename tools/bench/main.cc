@@ -11,7 +11,9 @@
 // (broadcast: ReplicaContext::broadcast; with --merge-call, TensorFlow's
 // merge_call and extended().broadcast_to); --api both runs the two
 // alternately, iteration by iteration, and prints the API's overhead over
-// the engine measured at the same moments.
+// the engine measured at the same moments. The engine's broadcast is
+// measured out of place (ncclBroadcast's form, and the API's: the root's
+// result is not its value); --in-place measures MPI_Bcast's.
 //
 // Under an MPI launcher it measures MultiWorkerMirroredStrategy instead: one
 // worker per process with --replicas local replicas, and beside each of our
@@ -65,6 +67,7 @@ struct Options {
   bool interleave_memcpy = false;  // the memcpy reference alternating with the op (raw engine)
   bool shared_output = false;      // raw all_reduce/all_gather/broadcast: into one output for every replica, as the API
   bool merge_call = false;         // API broadcast through merge_call and broadcast_to, not ReplicaContext::broadcast
+  bool in_place = false;           // raw broadcast: the root's buffer is its output (MPI_Bcast's form)
   std::string api = "raw";
   std::string csv;
   int batch = 0;  // > 0: compare one all_reduce of `batch` tensors with `batch` separate calls
@@ -77,7 +80,7 @@ struct Options {
                "                        [--dtype float32|...]\n"
                "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
                "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
-               "                        [--interleave-memcpy] [--shared-output] [--merge-call]\n"
+               "                        [--interleave-memcpy] [--shared-output] [--merge-call] [--in-place]\n"
                "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
                "--api both: the engine and the API alternately in one run, with the API's overhead\n"
                "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
@@ -87,6 +90,9 @@ struct Options {
                "                 broadcast above 4 KiB), not into each replica's own buffer\n"
                "--merge-call: the API's broadcast as TensorFlow does it (merge_call and extended().broadcast_to),\n"
                "              not ReplicaContext::broadcast\n"
+               "--in-place: the engine's broadcast in place, as MPI_Bcast: the root's buffer is its output and the\n"
+               "            root's bytes are copied into the others' only; by default out of place, as ncclBroadcast\n"
+               "            and the API: from the root's input into every replica's output, the root's too\n"
                "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
                "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
                error.c_str());
@@ -138,6 +144,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--interleave-memcpy") o.interleave_memcpy = true;
     else if (a == "--shared-output") o.shared_output = true;
     else if (a == "--merge-call") o.merge_call = true;
+    else if (a == "--in-place") o.in_place = true;
     else if (a == "--api") o.api = value();
     else if (a == "--csv") o.csv = value();
     else if (a == "--batch") o.batch = std::atoi(value().c_str());
@@ -153,6 +160,9 @@ Options parse(int argc, char** argv) {
   if (o.shared_output && o.op == "reduce_scatter") usage("--shared-output is for --op all_reduce, all_gather and broadcast");
   if (o.merge_call && (o.op != "broadcast" || o.api == "raw")) usage("--merge-call is for --op broadcast with --api tensor or both");
   if (o.interleave_memcpy && o.api != "raw") usage("--interleave-memcpy is for --api raw");
+  if (o.in_place && (o.op != "broadcast" || o.shared_output || o.api == "tensor")) {
+    usage("--in-place is for the engine's --op broadcast into its own buffers (--api raw or both, no --shared-output)");
+  }
   if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
     usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
   }
@@ -319,7 +329,7 @@ struct RawOp {
     const std::size_t n = static_cast<std::size_t>(comm.size());
     const std::size_t per = count / n;
     in = make_input(o.dtype, r, o.op == "all_gather" ? per : count);
-    out = o.op == "broadcast"
+    out = o.op == "broadcast" && o.in_place
               ? in
               : Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(o.op == "reduce_scatter" ? per : count)});
     counts.assign(n, per);
@@ -346,8 +356,10 @@ struct RawOp {
     } else if (o.shared_output) {
       shared_out.reset();
       shared_out = comm.broadcast_shared(in.raw_data(), count, o.dtype, 0, call);
-    } else {
+    } else if (o.in_place) {
       comm.broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
+    } else {
+      comm.broadcast_out_of_place(in.raw_data(), out.mutable_raw_data(), count, o.dtype, 0, call);
     }
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   }
@@ -528,6 +540,7 @@ int run_multi_worker(const Options& o) {
   if (o.merge_call) usage("--merge-call is measured in one process only (merge_call's broadcast_to is local to a worker)");
   if (o.op == "reduce_scatter") usage("--op reduce_scatter is measured in one process only (the threads engine)");
   if (o.shared_output) usage("--shared-output is the threads engine's, measured in one process only");
+  if (o.in_place) usage("--in-place is for one process: under mpirun the engine's broadcast is in place, as MPI_Bcast");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   MultiWorkerMirroredStrategy strategy(o.replicas, link);
   const int workers = strategy.num_workers(), n = strategy.num_replicas_in_sync();
@@ -658,6 +671,11 @@ int run_benchmark(const Options& o) {
                 o.op == "all_reduce"   ? "all_reduce_shared"
                 : o.op == "all_gather" ? "all_gather_v_shared"
                                        : "broadcast_shared");
+  }
+  if (o.op == "broadcast" && !o.shared_output && o.api != "tensor") {
+    std::printf("# raw: broadcast %s\n", o.in_place ? "in place (MPI_Bcast's form): the root's buffer is its output"
+                                                    : "out of place (ncclBroadcast's form, as the API's): from the "
+                                                      "root's input into every replica's output, the root's too");
   }
   if (both) {
     std::printf("# raw: the engine on %s, alternating with the API call iteration by iteration\n",

@@ -425,40 +425,51 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::all_gather_v_shared(const v
 
 void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
                                          const CollectiveCall& call) {
+  broadcast_out_of_place(buffer, buffer, count, dtype, root, call);
+}
+
+void SharedMemoryCommunicator::broadcast_out_of_place(const void* send, void* recv, std::size_t count, DType dtype,
+                                                      int root, const CollectiveCall& call) {
   const std::size_t bytes = count * size_of(dtype);
+  const bool is_root = rank_ == root;
+  // The root's own copy comes after the round: the others need not wait for it.
+  const auto copy_to_root = [&] {
+    if (is_root && bytes && recv != send) copy_broadcast_part(recv, send, bytes, bytes);
+  };
   if (bytes <= LocalGroup::kSmallBytes) {
     // The root's bytes in the lines of a small round; the others bring none.
-    const auto data = group_->arrive_small(rank_, rank_ == root ? buffer : nullptr, rank_ == root ? bytes : 0, call);
-    if (rank_ != root && bytes) std::memcpy(buffer, data[static_cast<std::size_t>(root)], bytes);
+    const auto data = group_->arrive_small(rank_, is_root ? send : nullptr, is_root ? bytes : 0, call);
+    if (!is_root && bytes) std::memcpy(recv, data[static_cast<std::size_t>(root)], bytes);
+    copy_to_root();
     return;
   }
   const bool inline_path = bytes <= LocalGroup::kInlineBytes;
-  void* published = buffer;
-  if (inline_path && rank_ == root) {
+  const void* published = is_root ? send : nullptr;
+  if (inline_path && is_root) {
     std::byte* area = group_->inline_area(rank_);
-    if (bytes) std::memcpy(area, buffer, bytes);
+    std::memcpy(area, send, bytes);
     published = area;
   }
-  const auto& entries = group_->arrive(rank_, {.recv = published, .tag = call.signature_tag}, call);
+  const auto& entries = group_->arrive(rank_, {.send = published, .recv = recv, .tag = call.signature_tag}, call);
   const int n = size();
-  if (n == 1 || bytes == 0) return;
-  const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].recv);
-  if (inline_path) {
-    if (rank_ != root) std::memcpy(buffer, src, bytes);
+  const auto* src = static_cast<const std::byte*>(entries[static_cast<std::size_t>(root)].send);
+  if (n == 1 || inline_path) {
+    if (!is_root) std::memcpy(recv, src, bytes);
+    copy_to_root();
     return;
   }
-  // Every member, the root too, copies its slice of the root's buffer into
-  // every other member's buffer: the copying is shared N ways.
+  // Every member, the root too, copies its slice of the root's send into
+  // every member's recv: the copying is shared N ways.
   const auto [begin, end] = line_slice(bytes);
   const bool streaming = bytes >= kStreamBytes;
-  for (int q = 0; q < n; ++q) {
-    if (q == root || end == begin) continue;
+  for (int q = 0; q < n && end > begin; ++q) {
     auto* dst = static_cast<std::byte*>(entries[static_cast<std::size_t>(q)].recv);
+    if (q == root && dst == src) continue;  // in place
     streaming ? stream_copy(dst + begin, src + begin, end - begin)
               : static_cast<void>(std::memcpy(dst + begin, src + begin, end - begin));
   }
   if (streaming) stream_fence();
-  if (!inline_path) group_->release(rank_, call);
+  group_->release(rank_, call);  // nobody leaves while others still write into its recv or read the root's send
 }
 
 std::shared_ptr<std::byte> SharedMemoryCommunicator::broadcast_shared(const void* send, std::size_t count, DType dtype,

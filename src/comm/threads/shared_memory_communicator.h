@@ -135,6 +135,10 @@ class SharedMemoryCommunicator final : public Communicator {
   // contribution in bytes (a group of one never does).
   static bool shares_gather(std::size_t largest_bytes) { return largest_bytes > LocalGroup::kInlineBytes; }
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
+  // Above kInlineBytes every member, the root too, copies its slice of the
+  // root's send into every member's recv (the root's, unless in place).
+  void broadcast_out_of_place(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                              const CollectiveCall& call) override;
   // Above kInlineBytes with more than one member (shares_broadcast), every
   // member returns one output, allocated by the member that completes the
   // round: each copies its slice of root's buffer into it, where broadcast
