@@ -34,7 +34,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 form=()
 [ "$op" = broadcast ] && [ "$api" = raw ] && form=(--in-place)
 "$ours" --op "$op" --replicas "$replicas" --api "$api" -b "$min" -e "$max" -f "$factor" --iters "$iters" --check \
-  "${form[@]}" --csv "$tmp/ours.csv" > "$tmp/ours.txt"
+  ${form[@]+"${form[@]}"} --csv "$tmp/ours.csv" > "$tmp/ours.txt"
 mpirun --oversubscribe -np "$replicas" "$theirs" --op "$op" -b "$min" -e "$max" -f "$factor" --iters "$iters" \
   --csv "$tmp/mpi.csv" > "$tmp/mpi.txt"
 echo "# $op float32, $replicas replicas (distribute: threads, api=$api) vs $replicas OpenMPI processes, $(nproc) cores"

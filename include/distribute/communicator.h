@@ -120,7 +120,8 @@ class Communicator {
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) = 0;
   // Out of place, as ncclBroadcast: root's `send` into every rank's `recv`,
   // root's own included; `send` is read on root only (the others may pass
-  // null). send == recv on root is broadcast() in place. On
+  // null). send == recv on root is broadcast() in place; otherwise they must
+  // not overlap. On
   // SignatureMismatch root's recv is untouched. The default broadcasts from
   // root's send in place, then root copies it into its recv.
   virtual void broadcast_out_of_place(const void* send, void* recv, std::size_t count, DType dtype, int root,

@@ -3,6 +3,8 @@
 #include "comm/threads/shared_memory_communicator.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -712,6 +714,27 @@ TEST(SharedAllReduceTest, TheBlockComesBackOnceLetGo) {
 // pass no send), and out of place with the root's recv its send.
 enum class BroadcastForm { kInPlace, kOutOfPlace, kRootInPlace };
 
+// `values` on pages that cannot be written: a write into them crashes the test.
+class ReadOnlyCopy {
+ public:
+  explicit ReadOnlyCopy(const std::vector<double>& values) {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    bytes_ = std::max<std::size_t>(page, (values.size() * sizeof(double) + page - 1) / page * page);
+    mapped_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped_ == MAP_FAILED) throw std::bad_alloc();
+    if (!values.empty()) std::memcpy(mapped_, values.data(), values.size() * sizeof(double));
+    if (mprotect(mapped_, bytes_, PROT_READ) != 0) throw std::bad_alloc();
+  }
+  ~ReadOnlyCopy() { munmap(mapped_, bytes_); }
+  ReadOnlyCopy(const ReadOnlyCopy&) = delete;
+  ReadOnlyCopy& operator=(const ReadOnlyCopy&) = delete;
+  double* data() const { return static_cast<double*>(mapped_); }
+
+ private:
+  void* mapped_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 class BroadcastTest : public ::testing::TestWithParam<BroadcastForm> {};
 
 TEST_P(BroadcastTest, EveryRankGetsTheRootsBytesAndNoSendChanges) {
@@ -737,10 +760,13 @@ TEST_P(BroadcastTest, EveryRankGetsTheRootsBytesAndNoSendChanges) {
           for (std::size_t i = 0; i < count; ++i) send[static_cast<std::size_t>(r)][i] = value(r, i);
         }
         const std::vector<std::vector<double>> sent = send;
+        // The root's buffer is only read, in every form (in place too): it
+        // lies on pages that cannot be written.
+        const ReadOnlyCopy root_send(sent[static_cast<std::size_t>(root)]);
         std::vector<std::vector<double>> recv(static_cast<std::size_t>(n), std::vector<double>(count, -1.0));
         auto errors = run_threads(n, [&](int r) {
           SharedMemoryCommunicator comm(group, r);
-          double* mine = send[static_cast<std::size_t>(r)].data();
+          double* mine = r == root ? root_send.data() : send[static_cast<std::size_t>(r)].data();
           double* out = recv[static_cast<std::size_t>(r)].data();
           if (form == BroadcastForm::kInPlace) {
             comm.broadcast(mine, count, DType::kFloat64, root, call("broadcast"));
@@ -779,6 +805,30 @@ INSTANTIATE_TEST_SUITE_P(Forms, BroadcastTest,
                                   : param.param == BroadcastForm::kOutOfPlace ? std::string("OutOfPlace")
                                                                               : std::string("RootInPlace");
                          });
+
+// A root that is not a member is refused by every member, before any
+// round, by each form: the group goes on.
+TEST(BroadcastRootTest, ARootOutsideTheGroupIsRefusedByEveryMember) {
+  constexpr int kRanks = 2;
+  auto group = std::make_shared<LocalGroup>(kRanks);
+  for (const int root : {-1, kRanks}) {
+    for (const std::size_t count : {std::size_t{4}, std::size_t{20000}}) {
+      std::vector<float> buffers[kRanks] = {std::vector<float>(count, 1.f), std::vector<float>(count, 2.f)};
+      auto errors = run_threads(kRanks, [&](int r) {
+        SharedMemoryCommunicator comm(group, r);
+        float* mine = buffers[r].data();
+        EXPECT_THROW(comm.broadcast(mine, count, DType::kFloat32, root, call("broadcast")), InvalidArgumentError);
+        EXPECT_THROW(comm.broadcast_out_of_place(mine, mine, count, DType::kFloat32, root, call("broadcast")),
+                     InvalidArgumentError);
+        EXPECT_THROW(comm.broadcast_shared(mine, count, DType::kFloat32, root, call("broadcast")),
+                     InvalidArgumentError);
+        comm.broadcast(mine, count, DType::kFloat32, 1, call("broadcast"));
+      });
+      for (auto& e : errors) ASSERT_FALSE(e) << message_of(e);
+      EXPECT_EQ(buffers[0], std::vector<float>(count, 2.f)) << "root " << root;
+    }
+  }
+}
 
 // A rank whose tag differs fails every rank of an out-of-place broadcast
 // before any recv is written, the root's included, on every path.
@@ -960,7 +1010,7 @@ TEST(AllReduceAbortTest, AbortReleasesRanksWaitingInAllReduce) {
 // member's output.)
 // One test per op (each a process of its own under ctest, with the hang
 // watchdog's 50 s to itself: the five ops in one test took 39 s under TSan
-// in a CI run). 16 runs each, 12 under TSan.
+// in a CI run, when they were five). 16 runs each, 12 under TSan.
 #if defined(__SANITIZE_THREAD__)
 constexpr int kRunsPerOp = 12;
 #else

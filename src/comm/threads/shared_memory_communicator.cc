@@ -12,6 +12,7 @@
 #include "core/reduce_kernels.h"
 #include "core/storage.h"
 #include "core/whole_number.h"
+#include "distribute/errors.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -428,8 +429,17 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
   broadcast_out_of_place(buffer, buffer, count, dtype, root, call);
 }
 
+void SharedMemoryCommunicator::check_root(int root, const CollectiveCall& call) const {
+  // Every member passes the same root: every member throws, before any round.
+  if (root < 0 || root >= size()) {
+    throw InvalidArgumentError(std::string(call.op) + " #" + std::to_string(call.sequence) + ": broadcast from member " +
+                               std::to_string(root) + " of a group of " + std::to_string(size()));
+  }
+}
+
 void SharedMemoryCommunicator::broadcast_out_of_place(const void* send, void* recv, std::size_t count, DType dtype,
                                                       int root, const CollectiveCall& call) {
+  check_root(root, call);
   const std::size_t bytes = count * size_of(dtype);
   const bool is_root = rank_ == root;
   // The root's own copy comes after the round: the others need not wait for it.
@@ -474,6 +484,7 @@ void SharedMemoryCommunicator::broadcast_out_of_place(const void* send, void* re
 
 std::shared_ptr<std::byte> SharedMemoryCommunicator::broadcast_shared(const void* send, std::size_t count, DType dtype,
                                                                       int root, const CollectiveCall& call) {
+  check_root(root, call);
   const std::size_t bytes = count * size_of(dtype);
   // Up to 4 KiB, broadcast's one round into the thread's own storage is
   // faster than a shared output's two (nobody reads it before it is whole).

@@ -162,6 +162,8 @@ class SharedMemoryCommunicator final : public Communicator {
   }
   // Bytes [first, second) of a `bytes`-byte message: this member's share of
   // a copy split N ways, in whole cache lines (no line written by two).
+  // Throws InvalidArgumentError for a root that is not a member.
+  void check_root(int root, const CollectiveCall& call) const;
   std::pair<std::size_t, std::size_t> line_slice(std::size_t bytes) const {
     const std::size_t lines = (bytes + 63) / 64;
     const auto n = static_cast<std::size_t>(size());
