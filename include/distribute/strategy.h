@@ -47,8 +47,11 @@ struct Pack;
 // One worker: does nothing.
 void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
 // Multi-worker strategies: every worker's `payload`, in worker order (a
-// collective). One worker: {payload}.
-std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api);
+// collective). One worker: {payload}. A worker that passes `local_error`
+// (found before the call) makes every worker raise it, instead of leaving
+// the others waiting for a call it never makes.
+std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api,
+                                                 const Error* local_error = nullptr);
 // The replica context of `s` if this thread is in s's replica mode (inside s.run), else nullptr.
 ReplicaContext* replica_context_of(const Strategy& s);
 }  // namespace internal
@@ -268,7 +271,7 @@ class Strategy {
   friend class ReplicaContext;
   friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
   friend std::vector<std::string> internal::exchange_across_workers(Strategy& s, std::string payload,
-                                                                    std::string_view api);
+                                                                    std::string_view api, const Error* local_error);
   // Reduces one component per local replica (same dtype and shape, agreed by
   // every worker) across every replica in sync; MEAN divides by
   // `mean_divisor` (num_replicas_in_sync if 0).

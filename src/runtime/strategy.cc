@@ -235,14 +235,20 @@ void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view ap
                         /*root=*/0, call);
 }
 
-std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api) {
+std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api,
+                                                 const Error* local_error) {
   StrategyState& st = *s.state_;
+  if (local_error != nullptr && (st.workers == nullptr || st.workers->size() == 1)) {
+    throw_error(local_error->code(), local_error->message());
+  }
   if (st.workers == nullptr || st.workers->size() == 1) return {std::move(payload)};
   std::lock_guard<std::recursive_mutex> lock(st.worker_mutex);
   // The payloads ride on the agreement that every worker is in this call
-  // (else the usual mismatch error on every worker): one round.
+  // (else the usual mismatch error on every worker): one round. An error in
+  // a worker's signature is raised by every worker.
   Signature sig;
   sig.op = std::string(api);
+  if (local_error != nullptr) sig.set_error(*local_error);
   std::vector<std::string> all;
   agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0, &payload, &all);
   return all;

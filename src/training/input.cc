@@ -1,5 +1,6 @@
 #include "distribute/input.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -116,14 +117,24 @@ class RebatchSource final : public DistributedDataset::Source {
 
   std::optional<PerReplica<Nest<Tensor>>> next() override {
     strategy_->require_cross_replica_or_default("get_next");
-    std::optional<Nest<Tensor>> batch = batches_();
-    const std::int64_t rows = batch ? batch_rows(*batch, "experimental_distribute_dataset") : -1;
-    if (rows > global_) {
-      throw InvalidArgumentError("experimental_distribute_dataset: a batch has " + std::to_string(rows) +
-                                 " rows, more than the global batch size " + std::to_string(global_));
+    std::optional<Nest<Tensor>> batch;
+    std::int64_t rows = -1;
+    // Raised by every worker in the exchange they all join: raised here
+    // alone, it would leave the other workers waiting there.
+    std::optional<Error> local_error;
+    try {
+      if (!exhausted_) batch = batches_();
+      exhausted_ = !batch;  // the function is not called again once it has said so
+      rows = batch ? batch_rows(*batch, "experimental_distribute_dataset") : -1;
+      if (rows > global_) {
+        throw InvalidArgumentError("experimental_distribute_dataset: a batch has " + std::to_string(rows) +
+                                   " rows, more than the global batch size " + std::to_string(global_));
+      }
+    } catch (const Error& e) {
+      local_error = e;
     }
-    const std::vector<std::string> all =
-        internal::exchange_across_workers(*strategy_, std::to_string(rows), "experimental_distribute_dataset");
+    const std::vector<std::string> all = internal::exchange_across_workers(
+        *strategy_, std::to_string(rows), "experimental_distribute_dataset", local_error ? &*local_error : nullptr);
     for (std::size_t w = 0; w < all.size(); ++w) {
       if (all[w] != all[0]) {
         auto said = [](const std::string& r) { return r == "-1" ? std::string("no batch left") : r + " rows"; };
@@ -146,6 +157,7 @@ class RebatchSource final : public DistributedDataset::Source {
   Strategy* strategy_;
   BatchFn batches_;
   std::int64_t global_;
+  bool exhausted_ = false;
   std::vector<std::int64_t> begin_;  // per local replica
   std::vector<std::int64_t> size_;
 };
@@ -159,18 +171,23 @@ class PipelineSource final : public DistributedDataset::Source {
     strategy_->require_cross_replica_or_default("get_next");
     std::vector<std::optional<Nest<Tensor>>> got;
     bool any = false;
-    for (int i = 0; i < strategy_->num_local_replicas(); ++i) {
-      got.push_back(exhausted_ ? std::nullopt : batches_());
-      if (!got.back()) {
-        exhausted_ = true;
-      } else {
-        batch_rows(*got.back(), "distribute_datasets_from_function");
-        last_ = *got.back();
-        any = true;
+    std::optional<Error> local_error;  // raised by every worker, as in RebatchSource
+    try {
+      for (int i = 0; i < strategy_->num_local_replicas(); ++i) {
+        got.push_back(exhausted_ ? std::nullopt : batches_());
+        if (!got.back()) {
+          exhausted_ = true;
+        } else {
+          batch_rows(*got.back(), "distribute_datasets_from_function");
+          last_ = *got.back();
+          any = true;
+        }
       }
+    } catch (const Error& e) {
+      local_error = e;
     }
-    const std::vector<std::string> all = internal::exchange_across_workers(*strategy_, any ? "1" : "0",
-                                                                           "distribute_datasets_from_function");
+    const std::vector<std::string> all = internal::exchange_across_workers(
+        *strategy_, any ? "1" : "0", "distribute_datasets_from_function", local_error ? &*local_error : nullptr);
     bool any_worker = false;
     for (const std::string& a : all) any_worker = any_worker || a == "1";
     if (!any_worker) return std::nullopt;

@@ -1,5 +1,6 @@
 #include "distribute/variables.h"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -90,9 +91,20 @@ const char* write_name(int kind) {
   return kNames[kind];
 }
 
+// Whether the two tensors' bytes overlap (a value that views a component).
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.raw_data());
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.raw_data());
+  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 void apply_write(int kind, Tensor& component, const Tensor& value) {
   switch (kind) {
-    case 0: std::memcpy(component.mutable_raw_data(), value.raw_data(), component.nbytes()); return;
+    case 0:
+      if (component.raw_data() != value.raw_data()) {  // assigning a component its own value changes nothing
+        std::memcpy(component.mutable_raw_data(), value.raw_data(), component.nbytes());
+      }
+      return;
     case 1: internal::add_into(component, value); return;
     default: internal::sub_into(component, value); return;
   }
@@ -213,7 +225,8 @@ Tensor Variable::value() const {
   const internal::VariableState& st = *state_;
   const Where w = where(*st.strategy, st.name, "read");
   if (w.context == Context::kReplica) return st.components[static_cast<std::size_t>(w.replica->local_replica_id())];
-  if (st.synchronization != VariableSynchronization::kOnRead ||
+  // Outside any strategy a SyncOnRead variable is a plain variable: nothing to aggregate.
+  if (st.synchronization != VariableSynchronization::kOnRead || is_default_strategy(*st.strategy) ||
       st.aggregation == VariableAggregation::kOnlyFirstReplica) {
     return st.components[0];
   }
@@ -254,8 +267,20 @@ void Variable::write(Write kind_enum, const Tensor& value) {
     return;
   }
   if (w.context == Context::kCrossReplica || is_default_strategy(*st.strategy)) {
+    // The value is read whole before any component is written: a value that
+    // views a component (w.assign_add(w.value())) would change as the first
+    // write lands and give the other components another value.
     Tensor v = value;
-    if (st.synchronization == VariableSynchronization::kOnRead && st.aggregation == VariableAggregation::kSum) {
+    for (const Tensor& c : st.components) {
+      if (overlaps(c, value)) {
+        v = value.clone();
+        break;
+      }
+    }
+    // Outside any strategy a SyncOnRead variable is a plain variable (one
+    // component, aggregation ignored).
+    if (st.synchronization == VariableSynchronization::kOnRead && st.aggregation == VariableAggregation::kSum &&
+        !is_default_strategy(*st.strategy)) {
       if (kind != 0) {
         throw InvalidArgumentError("SyncOnReadVariable does not support `" + api +
                                    "` in cross-replica context when aggregation is set to "

@@ -713,6 +713,53 @@ inline void DatasetsSplitAcrossWorkersAndEndTogether(const WorkerEnv& env) {
   EXPECT_EQ(pipeline_steps, env.workers);
 }
 
+// A bad batch found on one worker (before the workers exchange what they
+// have) is raised by every worker, naming it, instead of leaving the others
+// waiting in the exchange; the strategy and a new dataset go on.
+inline void ABadBatchOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
+  auto s = env.strategy();
+  const int bad = env.workers - 1;
+  // The last worker's second global batch has more rows than the global batch size.
+  auto batches = [&] {
+    auto next = std::make_shared<int>(0);
+    return BatchFn([next, &env, bad]() -> std::optional<Nest<Tensor>> {
+      const std::int64_t rows = env.worker == bad && *next == 1 ? 9 : 4;
+      ++*next;
+      return Nest<Tensor>(iota(DType::kInt32, Shape{rows}, 0));
+    });
+  };
+  DistributedDataset dataset = s->experimental_distribute_dataset(batches(), 4);
+  ASSERT_TRUE(dataset.get_next());
+  try {
+    dataset.get_next();
+    ADD_FAILURE() << "worker " << env.worker << ": no error";
+  } catch (const InvalidArgumentError& e) {
+    const std::string said = e.message();
+    EXPECT_NE(said.find("a batch has 9 rows, more than the global batch size 4"), std::string::npos) << said;
+    if (env.workers > 1) {
+      EXPECT_NE(said.find("worker " + std::to_string(bad)), std::string::npos) << said;
+    }
+  }
+  // A pipeline whose function gives worker 0 a scalar (no batch dimension).
+  DistributedDataset pipelines = s->distribute_datasets_from_function([&](const InputContext& ctx) {
+    const bool scalar = ctx.input_pipeline_id() == 0;
+    return BatchFn([scalar]() -> std::optional<Nest<Tensor>> {
+      return Nest<Tensor>(scalar ? constant(1.f) : constant({1.f, 2.f}));
+    });
+  });
+  try {
+    pipelines.get_next();
+    ADD_FAILURE() << "worker " << env.worker << ": no error";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(e.message().find("is a scalar"), std::string::npos) << e.message();
+  }
+  // Every worker is still in step: a new dataset, then a reduce across every replica.
+  DistributedDataset good = s->experimental_distribute_dataset(batches(), 4);
+  ASSERT_TRUE(good.get_next());
+  const PerReplica<Tensor> ones = s->run([](ReplicaContext&) { return constant(1.f); });
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, ones, std::nullopt), constant(static_cast<float>(env.replicas())));
+}
+
 // Random collectives (testing/reference_model.h) across workers, bit for bit
 // against the reference model: every worker draws the same case from the
 // seed and feeds its own replicas' inputs.
@@ -829,6 +876,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
   X(OptimizerStepsMatchTheSingleProcessStrategy)  \
   X(DatasetsSplitAcrossWorkersAndEndTogether)   \
+  X(ABadBatchOnOneWorkerFailsEveryWorker)       \
   X(RandomCollectivesMatchTheReference)          \
   X(InjectedFaultsFailAlikeEverywhere)
 

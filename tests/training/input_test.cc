@@ -105,6 +105,24 @@ TEST(DistributeDatasetTest, ReplicasGetViewsOfTheGlobalBatchNotCopies) {
   EXPECT_EQ((*step)[1].leaf(), iota(DType::kFloat32, Shape{2, 3}, 6));
 }
 
+// Once the function has said there is nothing left, it is not called again
+// (a reader that restarts, or throws, past its end).
+TEST(DistributeDatasetTest, StaysExhaustedWithoutCallingTheFunctionAgain) {
+  auto s = mirrored(2);
+  auto calls = std::make_shared<int>(0);
+  DistributedDataset dataset = s->experimental_distribute_dataset(
+      [calls]() -> std::optional<Nest<Tensor>> {
+        ++*calls;
+        if (*calls == 2) return std::nullopt;  // after its end it would start again
+        return Nest<Tensor>(constant({1.f, 2.f}));
+      },
+      2);
+  EXPECT_TRUE(dataset.get_next());
+  EXPECT_FALSE(dataset.get_next());
+  EXPECT_FALSE(dataset.get_next());
+  EXPECT_EQ(*calls, 2);
+}
+
 TEST(DistributeDatasetTest, BadBatchesAreClearErrors) {
   auto s = mirrored(2);
   EXPECT_NE(expect_throw<InvalidArgumentError>([&] { s->experimental_distribute_dataset(batches_of({4}), 3).get_next(); })

@@ -171,6 +171,32 @@ TEST(OptimizerTest, ManyVariablesInOneCallWithPacking) {
   EXPECT_EQ(sgd.iterations(), 1);
 }
 
+// A step whose gradients cannot be reduced (here an invalid bytes_per_pack,
+// refused by the all-reduce on every replica) is not counted and changes
+// nothing: the next step is Adam's step 1, bias correction and all.
+TEST(OptimizerTest, AStepThatFailsIsNotCounted) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "w"});
+  }
+  Adam adam({.learning_rate = 0.01});
+  auto step = [&](const CommunicationOptions& options) {
+    s->run([&](ReplicaContext& ctx) {
+      adam.apply_gradients({{gradient(ctx.replica_id_in_sync_group(), 0, kBase), *w}}, options);
+    });
+  };
+  EXPECT_THROW(step({.bytes_per_pack = -1}), InvalidArgumentError);
+  EXPECT_EQ(adam.iterations(), 0);
+  for (const Tensor& c : w->values()) EXPECT_EQ(floats(c), kInit);
+  step({});
+  EXPECT_EQ(adam.iterations(), 1);
+  Adam fresh({.learning_rate = 0.01});
+  const MirroredVariable want = train(fresh, 2, 1);
+  for (const Tensor& c : w->values()) EXPECT_EQ(floats(c), floats(want.values()[0]));
+}
+
 TEST(OptimizerTest, OutsideAnyStrategyUpdatesAPlainVariable) {
   Variable w(constant({1.f, 2.f}));
   SGD sgd({.learning_rate = 0.5});

@@ -204,6 +204,25 @@ TEST(MirroredVariableTest, CrossReplicaWritesEveryComponentAndReadsThePrimary) {
   EXPECT_EQ(f32(w.read_value()), 5.f);
 }
 
+// A cross-replica value() is a view of component 0: a write of it reads it
+// whole before any component changes, so every mirror gets the same value
+// (written component by component from the view, component 0 doubled first
+// and the others got 3x).
+TEST(MirroredVariableTest, ACrossReplicaWriteOfItsOwnValueReachesEveryComponentAlike) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable w(constant({1.f, 2.f}));
+  w.assign_add(w.value());
+  for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({2.f, 4.f}));
+  w.assign(w.value());  // no change (and no memcpy onto itself)
+  for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({2.f, 4.f}));
+  w.assign_sub(w.value().reshape(Shape{2}));  // a view of it by another name
+  for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({0.f, 0.f}));
+  SyncOnReadVariable first(constant(3.f), {.aggregation = VariableAggregation::kOnlyFirstReplica});
+  first.assign_add(first.value());
+  EXPECT_EQ(components(first), (std::vector<float>{6.f, 6.f, 6.f}));
+}
+
 TEST(MirroredVariableTest, OutsideAnyScopeActsInItsStrategysCrossReplicaContext) {
   auto s = mirrored(2);
   std::optional<MirroredVariable> w;
@@ -361,6 +380,22 @@ TEST(SyncOnReadVariableTest, CrossReplicaAssignOfASumIsSpreadSoTheReadGivesItBac
       << msg;
   EXPECT_NE(expect_throw<InvalidArgumentError>([&] { total.assign_sub(constant(1.f)); }).find("`assign_sub`"),
             std::string::npos);
+}
+
+// Outside any strategy a SyncOnRead variable is a plain variable (one
+// component, aggregation ignored: docs/semantics.md §5.6), as a Keras
+// metric's ON_READ SUM counter outside any strategy is in TensorFlow.
+TEST(SyncOnReadVariableTest, OutsideAnyStrategyItIsAPlainVariable) {
+  SyncOnReadVariable none(constant(1.f));
+  EXPECT_EQ(f32(none.read_value()), 1.f);
+  none.assign_add(constant(2.f));
+  EXPECT_EQ(f32(none.value()), 3.f);
+  SyncOnReadVariable total(constant(0.f), {.aggregation = VariableAggregation::kSum});
+  total.assign_add(constant(3.f));
+  total.assign_sub(constant(1.f));
+  EXPECT_EQ(f32(total.read_value()), 2.f);
+  total.assign(constant(5.f));  // not divided: one component
+  EXPECT_EQ(components(total), (std::vector<float>{5.f}));
 }
 
 TEST(SyncOnReadVariableTest, CrossReplicaWritesOfOtherAggregationsReachEveryComponent) {
