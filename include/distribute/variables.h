@@ -134,8 +134,9 @@ class Variable {
   void check_strategy(const Strategy& s, std::string_view api) const;
   // Component i, writable; check_component after changing it.
   Tensor& mutable_component(std::size_t i);
-  // Throws if component i lost its dtype or shape (an update fn replaced it).
-  void check_component(std::size_t i, std::string_view api);
+  // Throws if component i lost its dtype or shape (an update fn replaced
+  // it), putting back `before` (the component's tensor before the fn).
+  void check_component(std::size_t i, std::string_view api, const Tensor& before);
 
  protected:
   Variable(const Tensor& initial_value, VariableOptions options, VariableSynchronization required);
@@ -174,15 +175,17 @@ auto update_variable_components(Variable& var, Fn& fn, const Args&... args) {
   };
   if constexpr (std::is_void_v<R>) {
     for (std::size_t i = 0; i < var.size(); ++i) {
+      const Tensor before = var.values()[i];
       one(i);
-      var.check_component(i, "update");
+      var.check_component(i, "update", before);
     }
   } else {
     std::vector<R> out;
     out.reserve(var.size());
     for (std::size_t i = 0; i < var.size(); ++i) {
+      const Tensor before = var.values()[i];
       out.push_back(one(i));
-      var.check_component(i, "update");
+      var.check_component(i, "update", before);
     }
     return Mirrored<R>(std::move(out));
   }

@@ -201,16 +201,16 @@ void Variable::check_strategy(const Strategy& s, std::string_view api) const {
 
 Tensor& Variable::mutable_component(std::size_t i) { return state_->components.at(i); }
 
-void Variable::check_component(std::size_t i, std::string_view api) {
+void Variable::check_component(std::size_t i, std::string_view api, const Tensor& before) {
   Tensor& c = state_->components.at(i);
   if (c.dtype() != state_->dtype || c.shape() != state_->shape) {
     const Tensor bad = c;
-    c = Tensor(state_->dtype, state_->shape, state_->strategy->devices()[i]);
+    c = before;  // the component's own tensor (what fn wrote into it, if anything, stays)
     throw InvalidArgumentError(std::string(api) + " of variable '" + state_->name + "' replaced component " +
                                std::to_string(i) + " (" + std::string(to_string(state_->dtype)) +
                                state_->shape.to_string() + ") with a tensor of " +
                                std::string(to_string(bad.dtype())) + bad.shape().to_string() +
-                               "; the component is now zeros");
+                               "; the component keeps its tensor from before the update");
   }
   // A replacement the replicas share (an argument every replica received
   // whole arrives read-only): the component takes a copy of its own, so that
