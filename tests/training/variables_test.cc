@@ -159,7 +159,10 @@ TEST(MirroredVariableTest, ReplicaWritesAggregateThroughOneMergeCall) {
       const float want = 10.f + c.expected_add(n);
       EXPECT_EQ(components(*w), std::vector<float>(static_cast<std::size_t>(n), want));
       for (const Tensor& t : seen.values()) EXPECT_EQ(f32(t), want);
-      s->run([&](ReplicaContext& ctx) { w->assign_sub(constant(static_cast<float>(ctx.replica_id_in_sync_group()))); });
+      s->run([&](ReplicaContext& ctx) {
+        w->assign_sub(constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1)));
+      });
+      EXPECT_EQ(components(*w), std::vector<float>(static_cast<std::size_t>(n), 10.f));  // the add taken back
       s->run([&](ReplicaContext& ctx) { w->assign(constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1))); });
       EXPECT_EQ(components(*w), std::vector<float>(static_cast<std::size_t>(n), c.expected_add(n)));
     }
