@@ -22,6 +22,7 @@
 // the gradient of the global batch's mean loss.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -58,8 +59,10 @@ class Optimizer {
   void apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
                        const CommunicationOptions& options = {});
 
-  // Completed apply_gradients calls (Keras' `iterations`).
-  std::int64_t iterations() const { return iterations_; }
+  // Completed apply_gradients calls (Keras' `iterations`). Inside
+  // Strategy::run every replica may read it; after apply_gradients it
+  // includes that call.
+  std::int64_t iterations() const { return iterations_.load(); }
 
   // Where local replica 0's apply_gradients time went, summed over calls
   // since the last reset, for benchmarks: the merge_call (including the wait
@@ -95,7 +98,9 @@ class Optimizer {
   };
   Slots& slots_of(const Variable& var);
   std::unordered_map<const void*, std::unique_ptr<Slots>> slots_;
-  std::int64_t iterations_ = 0;
+  // Counted by merge_fn (every replica waits for it), taken back by local
+  // replica 0 if the gradients then fail to reduce; read by any replica.
+  std::atomic<std::int64_t> iterations_{0};
   Timings timings_;
 };
 

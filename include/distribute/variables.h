@@ -40,6 +40,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -165,19 +166,45 @@ std::ostream& operator<<(std::ostream& os, const Variable& v);
 namespace internal {
 // Throws unless every replica passed the same variable to `api` (merge_fn side).
 void check_same_variable(const PerReplica<Variable>& vars, std::string_view api);
+// `value`, or a copy of it when its bytes overlap a component of `var` (a
+// view of w.value()): a write of every component must read the value as it
+// was before the first component changed.
+Tensor value_apart_from(const Variable& var, const Tensor& value);
+template <class T>
+const T& value_apart_from(const Variable&, const T& value) {
+  return value;
+}
+inline Nest<Tensor> value_apart_from(const Variable& var, const Nest<Tensor>& value) {
+  return value.map([&var](const Tensor& leaf) { return value_apart_from(var, leaf); });
+}
 // Writes `fn`'s effect into every component of `var`, component i seeing
 // select_replica(i, args)..., under the component's device.
 template <class Fn, class... Args>
-auto update_variable_components(Variable& var, Fn& fn, const Args&... args) {
+auto update_variable_components(Variable& var, Fn& fn, const Args&... given) {
   using R = std::decay_t<std::invoke_result_t<Fn&, Tensor&, select_replica_t<Args>...>>;
-  auto one = [&](std::size_t i) {  // by value: an argument may be a temporary (select_replica)
+  // update(w, fn, w.value()): every component sees the value from before fn
+  // changed component 0.
+  const std::tuple<decltype(value_apart_from(var, given))...> held(value_apart_from(var, given)...);
+  // fn on component i. A component fn replaced with a tensor of another
+  // dtype or shape gets its own tensor back (check_component), also when fn
+  // then throws.
+  auto one = [&](std::size_t i, const Tensor& before) {  // by value: an argument may be a temporary (select_replica)
     DeviceScope device(var.values()[i].device());
-    return fn(var.mutable_component(i), select_replica(i, args)...);
+    try {
+      return std::apply([&](const auto&... args) { return fn(var.mutable_component(i), select_replica(i, args)...); },
+                        held);
+    } catch (...) {
+      try {
+        var.check_component(i, "update", before);
+      } catch (const Error&) {
+      }
+      throw;  // fn's own exception
+    }
   };
   if constexpr (std::is_void_v<R>) {
     for (std::size_t i = 0; i < var.size(); ++i) {
       const Tensor before = var.values()[i];
-      one(i);
+      one(i, before);
       var.check_component(i, "update", before);
     }
   } else {
@@ -185,7 +212,7 @@ auto update_variable_components(Variable& var, Fn& fn, const Args&... args) {
     out.reserve(var.size());
     for (std::size_t i = 0; i < var.size(); ++i) {
       const Tensor before = var.values()[i];
-      out.push_back(one(i));
+      out.push_back(one(i, before));
       var.check_component(i, "update", before);
     }
     return Mirrored<R>(std::move(out));

@@ -1,8 +1,11 @@
 #include "distribute/input.h"
 
+#include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "distribute/strategy.h"
 
@@ -91,6 +94,39 @@ struct DistributedDataset::Source {
 
 namespace {
 
+// What one worker's part of get_next raised, caught so that every worker
+// raises it: the others are (or will be) in the exchange that follows, and
+// would wait there for a worker that never comes.
+struct LocalFailure {
+  std::exception_ptr original;  // raised again on this worker, as it was
+  std::optional<Error> shared;  // what the other workers raise
+
+  template <class Body>
+  void run(Body&& body, std::string_view api) {
+    try {
+      body();
+    } catch (const Error& e) {
+      original = std::current_exception();
+      shared = e;
+    } catch (const std::exception& e) {
+      original = std::current_exception();
+      shared = InternalError(std::string(api) + ": the dataset raised " + e.what());
+    }
+  }
+  // The exchange of `payload`; raises the failure of any worker on every worker.
+  std::vector<std::string> exchange(Strategy& s, const std::string& payload, std::string_view api) const {
+    std::vector<std::string> all;
+    try {
+      all = internal::exchange_across_workers(s, payload, api, shared ? &*shared : nullptr);
+    } catch (...) {
+      if (original) std::rethrow_exception(original);
+      throw;
+    }
+    if (original) std::rethrow_exception(original);  // (the exchange raised it already)
+    return all;
+  }
+};
+
 // experimental_distribute_dataset: each global batch split across every replica in sync.
 class RebatchSource final : public DistributedDataset::Source {
  public:
@@ -119,22 +155,20 @@ class RebatchSource final : public DistributedDataset::Source {
     strategy_->require_cross_replica_or_default("get_next");
     std::optional<Nest<Tensor>> batch;
     std::int64_t rows = -1;
-    // Raised by every worker in the exchange they all join: raised here
-    // alone, it would leave the other workers waiting there.
-    std::optional<Error> local_error;
-    try {
-      if (!exhausted_) batch = batches_();
-      exhausted_ = !batch;  // the function is not called again once it has said so
-      rows = batch ? batch_rows(*batch, "experimental_distribute_dataset") : -1;
-      if (rows > global_) {
-        throw InvalidArgumentError("experimental_distribute_dataset: a batch has " + std::to_string(rows) +
-                                   " rows, more than the global batch size " + std::to_string(global_));
-      }
-    } catch (const Error& e) {
-      local_error = e;
-    }
-    const std::vector<std::string> all = internal::exchange_across_workers(
-        *strategy_, std::to_string(rows), "experimental_distribute_dataset", local_error ? &*local_error : nullptr);
+    LocalFailure failure;
+    failure.run(
+        [&] {
+          if (!exhausted_) batch = batches_();
+          exhausted_ = !batch;  // the function is not called again once it has said so
+          rows = batch ? batch_rows(*batch, "experimental_distribute_dataset") : -1;
+          if (rows > global_) {
+            throw InvalidArgumentError("experimental_distribute_dataset: a batch has " + std::to_string(rows) +
+                                       " rows, more than the global batch size " + std::to_string(global_));
+          }
+        },
+        "experimental_distribute_dataset");
+    const std::vector<std::string> all =
+        failure.exchange(*strategy_, std::to_string(rows), "experimental_distribute_dataset");
     for (std::size_t w = 0; w < all.size(); ++w) {
       if (all[w] != all[0]) {
         auto said = [](const std::string& r) { return r == "-1" ? std::string("no batch left") : r + " rows"; };
@@ -171,23 +205,22 @@ class PipelineSource final : public DistributedDataset::Source {
     strategy_->require_cross_replica_or_default("get_next");
     std::vector<std::optional<Nest<Tensor>>> got;
     bool any = false;
-    std::optional<Error> local_error;  // raised by every worker, as in RebatchSource
-    try {
-      for (int i = 0; i < strategy_->num_local_replicas(); ++i) {
-        got.push_back(exhausted_ ? std::nullopt : batches_());
-        if (!got.back()) {
-          exhausted_ = true;
-        } else {
-          batch_rows(*got.back(), "distribute_datasets_from_function");
-          last_ = *got.back();
-          any = true;
-        }
-      }
-    } catch (const Error& e) {
-      local_error = e;
-    }
-    const std::vector<std::string> all = internal::exchange_across_workers(
-        *strategy_, any ? "1" : "0", "distribute_datasets_from_function", local_error ? &*local_error : nullptr);
+    LocalFailure failure;
+    failure.run(
+        [&] {
+          for (int i = 0; i < strategy_->num_local_replicas(); ++i) {
+            got.push_back(exhausted_ ? std::nullopt : batches_());
+            if (!got.back()) {
+              exhausted_ = true;
+            } else {
+              batch_rows(*got.back(), "distribute_datasets_from_function");
+              last_ = *got.back();
+              any = true;
+            }
+          }
+        },
+        "distribute_datasets_from_function");
+    const std::vector<std::string> all = failure.exchange(*strategy_, any ? "1" : "0", "distribute_datasets_from_function");
     bool any_worker = false;
     for (const std::string& a : all) any_worker = any_worker || a == "1";
     if (!any_worker) return std::nullopt;

@@ -74,8 +74,8 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
   const auto t0 = timed ? Clock::now() : Clock::time_point{};
   // 1. One merge_call: the replicas agree on the variables before any data
   //    moves, the slots of new variables are made (a cross-replica act), and
-  //    the step's number is fixed once (counted in iterations() only once
-  //    the gradients are reduced: a step that fails there is not one).
+  //    the step is counted once (and taken back below if its gradients fail
+  //    to reduce: a step that fails there is not one).
   struct Plan {
     std::int64_t step = 0;
     std::vector<std::vector<Variable>> slots;  // per variable, in slot_names() order
@@ -85,7 +85,7 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
         check_same_variables(per, s);
         auto made = std::make_shared<Plan>();
         for (const auto& [grad, var] : per.primary()) made->slots.push_back(slots_of(var).slots);
-        made->step = iterations_ + 1;
+        made->step = ++iterations_;
         return std::shared_ptr<const Plan>(std::move(made));
       },
       grads_and_vars);
@@ -96,9 +96,13 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
   std::vector<Tensor> grads;
   grads.reserve(grads_and_vars.size());
   for (const auto& pair : grads_and_vars) grads.push_back(pair.first);
-  const std::vector<Tensor> summed = ctx->all_reduce(ReduceOp::kSum, grads, options);
-  // Local replica 0's thread runs merge_fn, which reads the count: no other thread writes it.
-  if (ctx->local_replica_id() == 0) iterations_ = plan->step;
+  std::vector<Tensor> summed;
+  try {
+    summed = ctx->all_reduce(ReduceOp::kSum, grads, options);
+  } catch (...) {
+    if (ctx->local_replica_id() == 0) --iterations_;  // merge_fn ran once per worker: one replica takes it back
+    throw;
+  }
   const auto t2 = timed ? Clock::now() : Clock::time_point{};
   // 3. Each replica updates its own component of every variable and slot,
   //    so every component is updated once, all in parallel and alike.

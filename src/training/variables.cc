@@ -116,6 +116,13 @@ std::string component_name(const std::string& name, std::size_t i) {
 
 }  // namespace
 
+Tensor internal::value_apart_from(const Variable& var, const Tensor& value) {
+  for (const Tensor& c : var.values()) {
+    if (overlaps(c, value)) return value.clone();
+  }
+  return value;
+}
+
 // ---- creation ---------------------------------------------------------------
 
 Variable::Variable(const Tensor& initial_value, VariableOptions options)
@@ -270,13 +277,7 @@ void Variable::write(Write kind_enum, const Tensor& value) {
     // The value is read whole before any component is written: a value that
     // views a component (w.assign_add(w.value())) would change as the first
     // write lands and give the other components another value.
-    Tensor v = value;
-    for (const Tensor& c : st.components) {
-      if (overlaps(c, value)) {
-        v = value.clone();
-        break;
-      }
-    }
+    Tensor v = internal::value_apart_from(*this, value);
     // Outside any strategy a SyncOnRead variable is a plain variable (one
     // component, aggregation ignored).
     if (st.synchronization == VariableSynchronization::kOnRead && st.aggregation == VariableAggregation::kSum &&

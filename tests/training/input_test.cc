@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,22 @@ TEST(DistributeDatasetTest, StaysExhaustedWithoutCallingTheFunctionAgain) {
   EXPECT_FALSE(dataset.get_next());
   EXPECT_FALSE(dataset.get_next());
   EXPECT_EQ(*calls, 2);
+}
+
+// An error the dataset's function raises reaches the caller as it was
+// raised (its own type), in both kinds of dataset.
+struct EndOfShard : OutOfRangeError {
+  EndOfShard() : OutOfRangeError("end of shard") {}
+};
+
+TEST(DistributeDatasetTest, TheFunctionsOwnErrorKeepsItsType) {
+  auto s = mirrored(2);
+  auto raises = []() -> std::optional<Nest<Tensor>> { throw EndOfShard(); };
+  EXPECT_THROW(s->experimental_distribute_dataset(raises, 2).get_next(), EndOfShard);
+  EXPECT_THROW(s->distribute_datasets_from_function([&](const InputContext&) { return BatchFn(raises); }).get_next(),
+               EndOfShard);
+  auto other = []() -> std::optional<Nest<Tensor>> { throw std::runtime_error("disk gone"); };
+  EXPECT_THROW(s->experimental_distribute_dataset(other, 2).get_next(), std::runtime_error);
 }
 
 TEST(DistributeDatasetTest, BadBatchesAreClearErrors) {

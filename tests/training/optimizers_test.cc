@@ -182,15 +182,19 @@ TEST(OptimizerTest, AStepThatFailsIsNotCounted) {
     w.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "w"});
   }
   Adam adam({.learning_rate = 0.01});
+  // Every replica reads the count after its call, inside the step (under
+  // TSan: a read by one replica and a write by another would be a race).
   auto step = [&](const CommunicationOptions& options) {
-    s->run([&](ReplicaContext& ctx) {
+    return s->run([&](ReplicaContext& ctx) {
       adam.apply_gradients({{gradient(ctx.replica_id_in_sync_group(), 0, kBase), *w}}, options);
+      return adam.iterations();
     });
   };
   EXPECT_THROW(step({.bytes_per_pack = -1}), InvalidArgumentError);
   EXPECT_EQ(adam.iterations(), 0);
   for (const Tensor& c : w->values()) EXPECT_EQ(floats(c), kInit);
-  step({});
+  const PerReplica<std::int64_t> seen = step({});
+  for (const std::int64_t count : seen.values()) EXPECT_EQ(count, 1);
   EXPECT_EQ(adam.iterations(), 1);
   Adam fresh({.learning_rate = 0.01});
   const MirroredVariable want = train(fresh, 2, 1);

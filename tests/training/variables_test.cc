@@ -217,7 +217,7 @@ TEST(MirroredVariableTest, ACrossReplicaWriteOfItsOwnValueReachesEveryComponentA
   MirroredVariable w(constant({1.f, 2.f}));
   w.assign_add(w.value());
   for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({2.f, 4.f}));
-  w.assign(w.value());  // no change (and no memcpy onto itself)
+  w.assign(w.value());  // no change
   for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({2.f, 4.f}));
   w.assign_sub(w.value().reshape(Shape{2}));  // a view of it by another name
   for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({0.f, 0.f}));
@@ -388,6 +388,22 @@ TEST(SyncOnReadVariableTest, CrossReplicaAssignOfASumIsSpreadSoTheReadGivesItBac
 // Outside any strategy a SyncOnRead variable is a plain variable (one
 // component, aggregation ignored: docs/semantics.md §5.6), as a Keras
 // metric's ON_READ SUM counter outside any strategy is in TensorFlow.
+// In a replica, a SyncOnRead write of its own component's value (a view of
+// it) acts as on a copy.
+TEST(SyncOnReadVariableTest, AReplicaWriteOfItsOwnValue) {
+  auto s = mirrored(2);
+  std::optional<SyncOnReadVariable> v;
+  {
+    auto scope = s->scope();
+    v.emplace(constant({1.f, 2.f}), VariableOptions{.aggregation = VariableAggregation::kSum});
+  }
+  s->run([&](ReplicaContext&) {
+    v->assign(v->value());
+    v->assign_add(v->value());
+  });
+  for (const Tensor& c : v->values()) EXPECT_EQ(c, constant({2.f, 4.f}));
+}
+
 TEST(SyncOnReadVariableTest, OutsideAnyStrategyItIsAPlainVariable) {
   SyncOnReadVariable none(constant(1.f));
   EXPECT_EQ(f32(none.read_value()), 1.f);
@@ -479,6 +495,23 @@ TEST(VariableUpdate, ACrossReplicaArgumentIsReadOnlyAndAReplacementIsCopied) {
   EXPECT_EQ(seven, constant(7.f));
 }
 
+// update(w, fn, w.value()): w.value() views component 0, which fn writes
+// first; every component still sees the value from before the update.
+TEST(VariableUpdate, AnArgumentThatViewsAComponentIsReadBeforeAnyWrite) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable w(constant({1.f, 2.f}));
+  auto add = [](Tensor& c, const Tensor& x) {
+    for (std::size_t k = 0; k < 2; ++k) c.mutable_flat<float>()[k] += x.flat<float>()[k];
+  };
+  s->extended().update(w, add, w.value());
+  for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({2.f, 4.f}));
+  // The same inside a nest.
+  s->extended().update(w, [&](Tensor& c, const Nest<Tensor>& x) { add(c, x.flatten()[0]); },
+                       Nest<Tensor>::list({Nest<Tensor>(w.value())}));
+  for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({4.f, 8.f}));
+}
+
 // A Variable's update in a replica context that returns the component: every
 // replica gets the whole result read-only (it is the variable's storage, and
 // every replica's), and the variable is still written through its own API.
@@ -521,6 +554,15 @@ TEST(VariableUpdate, AnFnThatChangesTheShapeIsRefused) {
       << msg;
   EXPECT_EQ(w.values()[0], constant({1.f, 2.f}));  // its value, not zeros
   EXPECT_EQ(w.values()[1], constant({1.f, 2.f}));  // not reached
+  // An fn that replaces the component and then throws: its exception, and
+  // the component's own tensor back.
+  EXPECT_THROW(s->extended().update(w,
+                                    [](Tensor& c) {
+                                      c = constant(1.f);
+                                      throw OutOfRangeError("fn failed");
+                                    }),
+               OutOfRangeError);
+  EXPECT_EQ(w.values()[0], constant({1.f, 2.f}));
 }
 
 TEST(VariableAggregationTest, ConvertsToReduceOpAsTensorFlow) {
