@@ -77,7 +77,9 @@ using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
 // local replica its batch for one step. Under several workers get_next() is
 // a collective (every worker calls it once per step): the workers agree
 // that data remains, so the last step ends on every worker together rather
-// than leaving one waiting in a collective. Not thread-safe.
+// than leaving one waiting in a collective. Not thread-safe. The strategy
+// must outlive it: get_next() after the strategy is destroyed raises
+// FailedPreconditionError.
 class DistributedDataset {
  public:
   // The next step's batches, one per local replica, or nullopt once no

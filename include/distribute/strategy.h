@@ -41,6 +41,7 @@ class Variable;
 namespace internal {
 struct StrategyState;
 struct Pack;
+class StrategyRef;
 // Multi-worker strategies: replaces `value` (which must own its storage) on
 // every worker with worker 0's, after the workers agree on its dtype and
 // shape (a mismatch raises the same InvalidArgumentError on every worker).
@@ -269,6 +270,7 @@ class Strategy {
  private:
   friend class StrategyExtended;
   friend class ReplicaContext;
+  friend class internal::StrategyRef;
   friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
   friend std::vector<std::string> internal::exchange_across_workers(Strategy& s, std::string payload,
                                                                     std::string_view api, const Error* local_error);

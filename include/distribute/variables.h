@@ -26,7 +26,8 @@
 // another strategy is a FailedPreconditionError ("Mixing different
 // tf.distribute.Strategy objects"). docs/semantics.md, "Variables", has the
 // full table and the few places where this library is stricter than TF.
-// The strategy must outlive its variables.
+// The strategy must outlive its variables: a variable used after its
+// strategy is destroyed raises FailedPreconditionError.
 //
 // A Variable is a handle: copies refer to the same variable, as Python
 // references do. Reads and writes are not locked: as in TensorFlow, the

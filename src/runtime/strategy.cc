@@ -23,6 +23,7 @@
 #include "runtime/replica_pool.h"
 #include "runtime/runtime_util.h"
 #include "runtime/signature.h"
+#include "runtime/strategy_ref.h"
 
 namespace distribute {
 namespace internal {
@@ -56,6 +57,8 @@ struct StrategyState {
   Communicator* workers = nullptr;
   std::recursive_mutex worker_mutex;
   std::uint64_t worker_sequence = 0;
+  // Expires with the strategy (StrategyRef).
+  std::shared_ptr<const void> alive = std::make_shared<const char>('\0');
 
   RunResources& resources(int depth, int replicas, double stall) {
     std::lock_guard<std::mutex> lock(resources_mutex);
@@ -275,6 +278,14 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
 }
 
 Strategy::~Strategy() = default;
+
+internal::StrategyRef::StrategyRef(Strategy& s) : strategy_(&s), alive_(s.state_->alive), described_(s.describe()) {}
+
+void internal::StrategyRef::throw_destroyed(std::string_view kind, std::string_view name) const {
+  const std::string holder = name.empty() ? std::string(kind) : std::string(kind) + " '" + std::string(name) + "'";
+  throw FailedPreconditionError(holder + " was used after its strategy, " + described_ +
+                                ", was destroyed: a strategy must outlive its variables and distributed datasets");
+}
 
 void Strategy::set_workers(Communicator* workers) { state_->workers = workers; }
 

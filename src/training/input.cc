@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "distribute/strategy.h"
+#include "runtime/strategy_ref.h"
 
 namespace distribute {
 
@@ -131,7 +132,7 @@ struct LocalFailure {
 class RebatchSource final : public DistributedDataset::Source {
  public:
   RebatchSource(Strategy& s, BatchFn batches, std::int64_t global_batch_size)
-      : strategy_(&s), batches_(std::move(batches)), global_(global_batch_size) {
+      : strategy_(s), batches_(std::move(batches)), global_(global_batch_size) {
     const int n = s.num_replicas_in_sync();
     if (global_batch_size < 1) {
       throw InvalidArgumentError("experimental_distribute_dataset: the global batch size must be >= 1, got " +
@@ -152,7 +153,8 @@ class RebatchSource final : public DistributedDataset::Source {
   }
 
   std::optional<PerReplica<Nest<Tensor>>> next() override {
-    strategy_->require_cross_replica_or_default("get_next");
+    Strategy& s = strategy_.get("the distributed dataset of experimental_distribute_dataset");
+    s.require_cross_replica_or_default("get_next");
     std::optional<Nest<Tensor>> batch;
     std::int64_t rows = -1;
     LocalFailure failure;
@@ -168,7 +170,7 @@ class RebatchSource final : public DistributedDataset::Source {
         },
         "experimental_distribute_dataset");
     const std::vector<std::string> all =
-        failure.exchange(*strategy_, std::to_string(rows), "experimental_distribute_dataset");
+        failure.exchange(s, std::to_string(rows), "experimental_distribute_dataset");
     for (std::size_t w = 0; w < all.size(); ++w) {
       if (all[w] != all[0]) {
         auto said = [](const std::string& r) { return r == "-1" ? std::string("no batch left") : r + " rows"; };
@@ -182,13 +184,13 @@ class RebatchSource final : public DistributedDataset::Source {
     for (std::size_t i = 0; i < begin_.size(); ++i) {
       const std::int64_t b = std::min(begin_[i], rows);
       const std::int64_t e = std::min(begin_[i] + size_[i], rows);
-      out.push_back(slice_rows(*batch, b, e, strategy_->devices()[i]));
+      out.push_back(slice_rows(*batch, b, e, s.devices()[i]));
     }
     return PerReplica<Nest<Tensor>>(std::move(out));
   }
 
  private:
-  Strategy* strategy_;
+  internal::StrategyRef strategy_;
   BatchFn batches_;
   std::int64_t global_;
   bool exhausted_ = false;
@@ -199,16 +201,17 @@ class RebatchSource final : public DistributedDataset::Source {
 // distribute_datasets_from_function: each local replica takes the next batch of this worker's pipeline.
 class PipelineSource final : public DistributedDataset::Source {
  public:
-  PipelineSource(Strategy& s, BatchFn batches) : strategy_(&s), batches_(std::move(batches)) {}
+  PipelineSource(Strategy& s, BatchFn batches) : strategy_(s), batches_(std::move(batches)) {}
 
   std::optional<PerReplica<Nest<Tensor>>> next() override {
-    strategy_->require_cross_replica_or_default("get_next");
+    Strategy& s = strategy_.get("the distributed dataset of distribute_datasets_from_function");
+    s.require_cross_replica_or_default("get_next");
     std::vector<std::optional<Nest<Tensor>>> got;
     bool any = false;
     LocalFailure failure;
     failure.run(
         [&] {
-          for (int i = 0; i < strategy_->num_local_replicas(); ++i) {
+          for (int i = 0; i < s.num_local_replicas(); ++i) {
             got.push_back(exhausted_ ? std::nullopt : batches_());
             if (!got.back()) {
               exhausted_ = true;
@@ -220,7 +223,7 @@ class PipelineSource final : public DistributedDataset::Source {
           }
         },
         "distribute_datasets_from_function");
-    const std::vector<std::string> all = failure.exchange(*strategy_, any ? "1" : "0", "distribute_datasets_from_function");
+    const std::vector<std::string> all = failure.exchange(s, any ? "1" : "0", "distribute_datasets_from_function");
     bool any_worker = false;
     for (const std::string& a : all) any_worker = any_worker || a == "1";
     if (!any_worker) return std::nullopt;
@@ -231,14 +234,14 @@ class PipelineSource final : public DistributedDataset::Source {
     }
     std::vector<Nest<Tensor>> out;
     for (std::size_t i = 0; i < got.size(); ++i) {
-      out.push_back(got[i] ? got[i]->map([&](const Tensor& t) { return t.with_device(strategy_->devices()[i]); })
-                           : slice_rows(*last_, 0, 0, strategy_->devices()[i]));
+      out.push_back(got[i] ? got[i]->map([&](const Tensor& t) { return t.with_device(s.devices()[i]); })
+                           : slice_rows(*last_, 0, 0, s.devices()[i]));
     }
     return PerReplica<Nest<Tensor>>(std::move(out));
   }
 
  private:
-  Strategy* strategy_;
+  internal::StrategyRef strategy_;
   BatchFn batches_;
   bool exhausted_ = false;
   std::optional<Nest<Tensor>> last_;  // the structure for empty batches

@@ -2,12 +2,14 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "core/elementwise.h"
 #include "distribute/mirrored_strategy.h"
 #include "runtime/mode.h"
+#include "runtime/strategy_ref.h"
 
 namespace distribute {
 
@@ -41,7 +43,10 @@ ReduceOp reduce_op_from_variable_aggregation(VariableAggregation aggregation) {
 namespace internal {
 
 struct VariableState {
-  Strategy* strategy = nullptr;
+  std::optional<StrategyRef> ref;  // set once the checks pass
+  bool plain = false;              // made outside any strategy (the default strategy's)
+  // The strategy; FailedPreconditionError once it is destroyed.
+  Strategy& strategy() const { return ref->get("variable", name); }
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
@@ -164,7 +169,8 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
                                "not supported, please use a different aggregation or dtype (variable '" + st->name +
                                "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
   }
-  st->strategy = &s;
+  st->ref.emplace(s);
+  st->plain = !distributed;
   st->dtype = initial_value.dtype();
   st->shape = initial_value.shape();
   st->synchronization = sync;
@@ -194,14 +200,14 @@ const Shape& Variable::shape() const { return state_->shape; }
 VariableSynchronization Variable::synchronization() const { return state_->synchronization; }
 VariableAggregation Variable::aggregation() const { return state_->aggregation; }
 bool Variable::trainable() const { return state_->trainable; }
-Strategy& Variable::distribute_strategy() const { return *state_->strategy; }
+Strategy& Variable::distribute_strategy() const { return state_->strategy(); }
 const std::vector<Tensor>& Variable::values() const { return state_->components; }
 std::size_t Variable::size() const { return state_->components.size(); }
 
 void Variable::check_strategy(const Strategy& s, std::string_view api) const {
-  if (&s != state_->strategy) {
+  if (!state_->ref->is(s)) {
     throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: variable '" + state_->name +
-                                  "' belongs to " + state_->strategy->describe() + ", not " + s.describe() + " (" +
+                                  "' belongs to " + state_->strategy().describe() + ", not " + s.describe() + " (" +
                                   std::string(api) + ")");
   }
 }
@@ -223,22 +229,22 @@ void Variable::check_component(std::size_t i, std::string_view api, const Tensor
   // whole arrives read-only): the component takes a copy of its own, so that
   // the variable's later writes neither fail nor reach anything else.
   if (c.is_read_only()) c = c.clone();
-  if (c.device() != state_->strategy->devices()[i]) c = c.with_device(state_->strategy->devices()[i]);
+  if (const std::string& d = state_->strategy().devices()[i]; c.device() != d) c = c.with_device(d);
 }
 
 // ---- reads ----------------------------------------------------------------------
 
 Tensor Variable::value() const {
   const internal::VariableState& st = *state_;
-  const Where w = where(*st.strategy, st.name, "read");
+  const Where w = where(st.strategy(), st.name, "read");
   if (w.context == Context::kReplica) return st.components[static_cast<std::size_t>(w.replica->local_replica_id())];
   // Outside any strategy a SyncOnRead variable is a plain variable: nothing to aggregate.
-  if (st.synchronization != VariableSynchronization::kOnRead || is_default_strategy(*st.strategy) ||
+  if (st.synchronization != VariableSynchronization::kOnRead || st.plain ||
       st.aggregation == VariableAggregation::kOnlyFirstReplica) {
     return st.components[0];
   }
   const ReduceOp op = reduce_op_from_variable_aggregation(st.aggregation);
-  return st.strategy->reduce(op, PerReplica<Tensor>(st.components), std::nullopt);
+  return st.strategy().reduce(op, PerReplica<Tensor>(st.components), std::nullopt);
 }
 
 Tensor Variable::read_value() const {
@@ -268,12 +274,12 @@ void Variable::write(Write kind_enum, const Tensor& value) {
   if (kind != 0 && st.dtype == DType::kBool) {
     throw InvalidArgumentError(api + " to variable '" + st.name + "': bool is not a numeric dtype");
   }
-  const Where w = where(*st.strategy, st.name, api);
+  const Where w = where(st.strategy(), st.name, api);
   if (w.context == Context::kReplica && st.synchronization == VariableSynchronization::kOnRead) {
     apply_write(kind, st.components[static_cast<std::size_t>(w.replica->local_replica_id())], value);
     return;
   }
-  if (w.context == Context::kCrossReplica || is_default_strategy(*st.strategy)) {
+  if (w.context == Context::kCrossReplica || st.plain) {
     // The value is read whole before any component is written: a value that
     // views a component (w.assign_add(w.value())) would change as the first
     // write lands and give the other components another value.
@@ -281,14 +287,14 @@ void Variable::write(Write kind_enum, const Tensor& value) {
     // Outside any strategy a SyncOnRead variable is a plain variable (one
     // component, aggregation ignored).
     if (st.synchronization == VariableSynchronization::kOnRead && st.aggregation == VariableAggregation::kSum &&
-        !is_default_strategy(*st.strategy)) {
+        !st.plain) {
       if (kind != 0) {
         throw InvalidArgumentError("SyncOnReadVariable does not support `" + api +
                                    "` in cross-replica context when aggregation is set to "
                                    "`tf.VariableAggregation.SUM` (variable '" + st.name + "').");
       }
       // So that the cross-replica read (a SUM) gives back the value assigned.
-      v = internal::divided(value, st.strategy->num_replicas_in_sync());
+      v = internal::divided(value, st.strategy().num_replicas_in_sync());
     }
     for (Tensor& c : st.components) apply_write(kind, c, v);
     return;
@@ -340,7 +346,7 @@ std::string Variable::repr() const {
     return "<tf.Variable '" + component_name(st.name, i) + "' shape=" + c.shape().to_string() +
            " dtype=" + std::string(to_string(c.dtype())) + ", numpy=" + c.numpy_repr() + ">";
   };
-  if (is_default_strategy(*st.strategy)) return one(0);
+  if (st.plain) return one(0);
   std::string s = st.synchronization == VariableSynchronization::kOnRead ? "SyncOnReadVariable:{\n"
                                                                           : "MirroredVariable:{\n";
   for (std::size_t i = 0; i < st.components.size(); ++i) {

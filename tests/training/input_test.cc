@@ -124,6 +124,25 @@ TEST(DistributeDatasetTest, StaysExhaustedWithoutCallingTheFunctionAgain) {
   EXPECT_EQ(*calls, 2);
 }
 
+// A dataset used after its strategy is destroyed says so; it reads no freed
+// memory (under ASan, a use of the strategy would be reported).
+TEST(DistributeDatasetTest, ADatasetThatOutlivesItsStrategyRaisesFailedPrecondition) {
+  auto s = mirrored(2);
+  auto one = []() -> std::optional<Nest<Tensor>> { return Nest<Tensor>(constant({1.f, 2.f})); };
+  DistributedDataset rebatched = s->experimental_distribute_dataset(one, 2);
+  DistributedDataset pipelined =
+      s->distribute_datasets_from_function([&](const InputContext&) { return BatchFn(one); });
+  EXPECT_TRUE(rebatched.get_next());
+  s.reset();
+  const std::string msg = expect_throw<FailedPreconditionError>([&] { rebatched.get_next(); });
+  EXPECT_NE(msg.find("the distributed dataset of experimental_distribute_dataset was used after its strategy, "
+                     "MirroredStrategy(2 replicas"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("was destroyed"), std::string::npos) << msg;
+  EXPECT_THROW(pipelined.get_next(), FailedPreconditionError);
+}
+
 // An error the dataset's function raises reaches the caller as it was
 // raised (its own type), in both kinds of dataset.
 struct EndOfShard : OutOfRangeError {

@@ -427,6 +427,30 @@ TEST(SyncOnReadVariableTest, CrossReplicaWritesOfOtherAggregationsReachEveryComp
   EXPECT_EQ(f32(mean.read_value()), 5.f);
 }
 
+// A variable used after its strategy is destroyed raises
+// FailedPreconditionError (no read of freed memory: ASan would report one),
+// also against a new strategy that may sit at the old one's address; what
+// needs no strategy (its components, printing) still works.
+TEST(VariableLifetimeTest, AVariableThatOutlivesItsStrategyRaisesFailedPrecondition) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(1.f), VariableOptions{.name = "w"});
+  }
+  s.reset();
+  const std::string msg = expect_throw<FailedPreconditionError>([&] { static_cast<void>(w->value()); });
+  EXPECT_NE(msg.find("variable 'w' was used after its strategy, MirroredStrategy(2 replicas"), std::string::npos)
+      << msg;
+  EXPECT_THROW(w->assign(constant(2.f)), FailedPreconditionError);
+  EXPECT_THROW(w->distribute_strategy(), FailedPreconditionError);
+  auto again = mirrored(2);
+  EXPECT_THROW(again->extended().update(*w, [](Tensor&) {}), FailedPreconditionError);
+  EXPECT_THROW(again->run([&](ReplicaContext&) { w->assign_add(constant(1.f)); }), FailedPreconditionError);
+  EXPECT_EQ(components(*w), (std::vector<float>{1.f, 1.f}));
+  EXPECT_NE(w->repr().find("MirroredVariable:{"), std::string::npos);
+}
+
 // ---- extended().update -------------------------------------------------------------
 
 TEST(VariableUpdate, CrossReplicaFnRunsOncePerComponentWithItsShareOfTheArguments) {
