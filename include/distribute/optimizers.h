@@ -59,7 +59,8 @@ class Optimizer {
   void apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
                        const CommunicationOptions& options = {});
 
-  // Completed apply_gradients calls (Keras' `iterations`). Inside
+  // apply_gradients calls (Keras' `iterations`): a call counts from its
+  // merge_call on, and is taken back if its all-reduce fails. Inside
   // Strategy::run every replica may read it; after apply_gradients it
   // includes that call.
   std::int64_t iterations() const { return iterations_.load(); }

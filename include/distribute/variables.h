@@ -189,7 +189,7 @@ auto update_variable_components(Variable& var, Fn& fn, const Args&... given) {
   // fn on component i. A component fn replaced with a tensor of another
   // dtype or shape gets its own tensor back (check_component), also when fn
   // then throws.
-  auto one = [&](std::size_t i, const Tensor& before) {  // by value: an argument may be a temporary (select_replica)
+  auto one = [&](std::size_t i, const Tensor& before) {
     DeviceScope device(var.values()[i].device());
     try {
       return std::apply([&](const auto&... args) { return fn(var.mutable_component(i), select_replica(i, args)...); },

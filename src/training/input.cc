@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "distribute/strategy.h"
+#include "runtime/runtime_util.h"
 #include "runtime/strategy_ref.h"
 
 namespace distribute {
@@ -109,9 +110,9 @@ struct LocalFailure {
     } catch (const Error& e) {
       original = std::current_exception();
       shared = e;
-    } catch (const std::exception& e) {
+    } catch (...) {
       original = std::current_exception();
-      shared = InternalError(std::string(api) + ": the dataset raised " + e.what());
+      shared = InternalError(std::string(api) + ": the dataset raised " + internal::describe_exception(original));
     }
   }
   // The exchange of `payload`; raises the failure of any worker on every worker.
@@ -120,10 +121,19 @@ struct LocalFailure {
     try {
       all = internal::exchange_across_workers(s, payload, api, shared ? &*shared : nullptr);
     } catch (...) {
-      if (original) std::rethrow_exception(original);
-      throw;
+      if (!original) throw;
+      // This worker raises its own error in place of the one the workers
+      // agreed on; it stays agreed, so that a merge_fn that raises it leaves
+      // the workers' link usable, as the other workers' merge_fns do.
+      const bool agreed = internal::take_agreed_worker_error(std::current_exception());
+      try {
+        std::rethrow_exception(original);
+      } catch (...) {
+        if (agreed) internal::note_agreed_worker_error();
+        throw;
+      }
     }
-    if (original) std::rethrow_exception(original);  // (the exchange raised it already)
+    if (original) std::rethrow_exception(original);  // (not reached: the exchange raises it on every worker)
     return all;
   }
 };

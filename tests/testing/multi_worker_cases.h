@@ -754,6 +754,16 @@ inline void ABadBatchOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
   } catch (const InvalidArgumentError& e) {
     EXPECT_NE(e.message().find("is a scalar"), std::string::npos) << e.message();
   }
+  // The same bad batch read inside a merge_fn: every worker's merge_fn raises
+  // it alike, so the workers' link stays usable (the reduce below crosses it).
+  DistributedDataset in_merge = s->experimental_distribute_dataset(batches(), 4);
+  ASSERT_TRUE(in_merge.get_next());
+  std::string message;
+  const std::string kind = error_kind(
+      [&] { s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { in_merge.get_next(); }); }); },
+      &message);
+  EXPECT_EQ(kind, "InvalidArgumentError") << message;
+  EXPECT_NE(message.find("a batch has 9 rows"), std::string::npos) << message;
   // Every worker is still in step: a new dataset, then a reduce across every replica.
   DistributedDataset good = s->experimental_distribute_dataset(batches(), 4);
   ASSERT_TRUE(good.get_next());
