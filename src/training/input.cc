@@ -184,9 +184,14 @@ class RebatchSource final : public DistributedDataset::Source {
     for (std::size_t w = 0; w < all.size(); ++w) {
       if (all[w] != all[0]) {
         auto said = [](const std::string& r) { return r == "-1" ? std::string("no batch left") : r + " rows"; };
-        throw InvalidArgumentError("experimental_distribute_dataset: the workers' global batches differ (worker 0: " +
-                                   said(all[0]) + ", worker " + std::to_string(w) + ": " + said(all[w]) +
-                                   "); every worker must produce the same global batches");
+        try {
+          throw InvalidArgumentError("experimental_distribute_dataset: the workers' global batches differ (worker 0: " +
+                                     said(all[0]) + ", worker " + std::to_string(w) + ": " + said(all[w]) +
+                                     "); every worker must produce the same global batches");
+        } catch (...) {
+          internal::note_agreed_worker_error();  // every worker has the same `all`: each raises it alike
+          throw;
+        }
       }
     }
     if (!batch) return std::nullopt;

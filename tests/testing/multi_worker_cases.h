@@ -764,6 +764,20 @@ inline void ABadBatchOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
       &message);
   EXPECT_EQ(kind, "InvalidArgumentError") << message;
   EXPECT_NE(message.find("a batch has 9 rows"), std::string::npos) << message;
+  // Global batches that differ between workers (the last worker's has 3
+  // rows, the others' 4), found inside a merge_fn: the same.
+  if (env.workers > 1) {
+    DistributedDataset uneven = s->experimental_distribute_dataset(
+        BatchFn([&env, bad]() -> std::optional<Nest<Tensor>> {
+          return Nest<Tensor>(iota(DType::kInt32, Shape{env.worker == bad ? 3 : 4}, 0));
+        }),
+        4);
+    const std::string differ = error_kind(
+        [&] { s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { uneven.get_next(); }); }); },
+        &message);
+    EXPECT_EQ(differ, "InvalidArgumentError") << message;
+    EXPECT_NE(message.find("the workers' global batches differ"), std::string::npos) << message;
+  }
   // Every worker is still in step: a new dataset, then a reduce across every replica.
   DistributedDataset good = s->experimental_distribute_dataset(batches(), 4);
   ASSERT_TRUE(good.get_next());
