@@ -436,8 +436,11 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
   t.dtype.code = in.ConsumeIntegral<std::uint8_t>() % 8;
   t.dtype.bits = in.PickValueInArray<std::uint8_t>({0, 1, 8, 16, 32, 64, 128, 7});
   t.dtype.lanes = in.PickValueInArray<std::uint16_t>({1, 1, 1, 0, 2, 4});
-  t.ndim = in.ConsumeIntegralInRange<int>(-1, 4);
-  const int rank = std::max(t.ndim, 0);
+  // Past 64 dimensions an import must refuse before it reads the shape.
+  const bool too_many = in.ConsumeIntegralInRange<int>(0, 15) == 0;
+  t.ndim = too_many ? in.PickValueInArray<std::int32_t>({65, 1 << 20, std::numeric_limits<std::int32_t>::max()})
+                    : in.ConsumeIntegralInRange<int>(-1, 4);
+  const int rank = too_many ? 0 : std::max(t.ndim, 0);
   // Dimensions are small (the buffer below holds them) or absurd: negative,
   // or so large that the byte count overflows int64.
   static constexpr std::int64_t kAbsurd[] = {-1, -5, std::numeric_limits<std::int64_t>::min(),
@@ -459,9 +462,11 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
   }
   t.byte_offset = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::uint64_t>(0, 16);
   // Enough bytes for any accepted small tensor (5^4 elements of 16 bytes, plus the offset).
-  owned->data.resize(5 * 5 * 5 * 5 * 16 + 16);
-  // Null data: allowed for an empty tensor only.
-  t.data = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? nullptr : owned->data.data();
+  owned->data.resize(5 * 5 * 5 * 5 * 16 + 16 + 8);
+  // Null data: allowed for an empty tensor only. The base may be misaligned
+  // (the offset can align it again).
+  const std::size_t base = in.ConsumeIntegralInRange<std::size_t>(0, 7);
+  t.data = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? nullptr : owned->data.data() + base;
   t.shape = rank > 0 ? owned->shape.data() : nullptr;
   t.strides = owned->strides.empty() ? nullptr : owned->strides.data();
   owned->managed.manager_ctx = owned.get();
@@ -488,7 +493,12 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
   Owned* raw = owned.release();
   try {
     Tensor imported = from_dlpack(&raw->managed);
+    if (too_many) fail("from_dlpack accepted ndim " + std::to_string(t.ndim));
     if (negative) fail("from_dlpack accepted a negative dimension");
+    if (imported.num_elements() > 0 &&
+        reinterpret_cast<std::uintptr_t>(imported.raw_data()) % size_of(imported.dtype()) != 0) {
+      fail("from_dlpack accepted elements that are not aligned to their size");
+    }
     if (overflows && !has_zero) fail("from_dlpack accepted a shape whose byte count overflows int64");
     if (imported.shape().dims() != shape) fail("from_dlpack changed the shape");
     if (small) {

@@ -59,6 +59,9 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
 
+  // Fixed for the communicator's life, 0 <= rank() < size(); neither may
+  // throw (a MultiWorkerMirroredStrategy reads them before its workers meet,
+  // and a worker that threw there would leave the others waiting).
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view backend_name() const = 0;

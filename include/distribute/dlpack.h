@@ -20,8 +20,9 @@ namespace distribute {
 DLManagedTensor* to_dlpack(const Tensor& t);
 
 // Imports a CPU tensor without copying. Accepted: device kDLCPU (or
-// kDLCUDAHost), lanes == 1, a dtype that maps to a distribute::DType, and
-// compact row-major strides (or none). Anything else throws
+// kDLCUDAHost), lanes == 1, a dtype that maps to a distribute::DType,
+// compact row-major strides (or none), at most 64 dimensions, and elements
+// aligned to their size where they start (data + byte_offset). Anything else throws
 // InvalidArgumentError (UnimplementedError for a supported-elsewhere device)
 // and leaves ownership with the caller. On success the Tensor owns `managed`
 // and calls its deleter when the last copy of the Tensor goes away.

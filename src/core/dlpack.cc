@@ -12,6 +12,8 @@ namespace {
 // DLPack 0.6 has no bool code; 0.8 added kDLBool = 6. We use that value so that
 // newer consumers read our bools as bools.
 constexpr std::uint8_t kDLBoolCode = 6;
+// The most dimensions an import takes (numpy's limit).
+constexpr std::int32_t kMaxImportRank = 64;
 
 struct ExportContext {
   Tensor tensor;  // keeps the storage alive
@@ -67,7 +69,7 @@ DLDataType to_dl_dtype(DType dtype) {
     case DType::kFloat64: return {kDLFloat, bits, 1};
     case DType::kBFloat16: return {kDLBfloat, 16, 1};
   }
-  return {kDLFloat, 32, 1};
+  throw InvalidArgumentError("to_dl_dtype: " + std::to_string(static_cast<int>(dtype)) + " is not a DType");
 }
 
 DLManagedTensor* to_dlpack(const Tensor& t) {
@@ -106,7 +108,12 @@ Tensor from_dlpack(DLManagedTensor* managed) {
     throw UnimplementedError("from_dlpack: device type " + std::to_string(device_type) +
                              " is not supported; this build handles CPU memory only");
   }
-  if (dl.ndim < 0) throw InvalidArgumentError("from_dlpack: negative ndim " + std::to_string(dl.ndim));
+  // A bad ndim (a DLPack 1.x DLManagedTensorVersioned passed by mistake)
+  // would size the dims vector from garbage.
+  if (dl.ndim < 0 || dl.ndim > kMaxImportRank) {
+    throw InvalidArgumentError("from_dlpack: ndim " + std::to_string(dl.ndim) + " is outside [0, " +
+                               std::to_string(kMaxImportRank) + "]");
+  }
   const DType dtype = from_dl_dtype(dl.dtype);
   if (dl.dtype.bits != size_of(dtype) * 8) throw InvalidArgumentError("from_dlpack: bit width does not match dtype");
   std::vector<std::int64_t> dims(static_cast<std::size_t>(dl.ndim));
@@ -130,18 +137,28 @@ Tensor from_dlpack(DLManagedTensor* managed) {
     }
   }
   if (dl.data == nullptr && shape.num_elements() > 0) throw InvalidArgumentError("from_dlpack: null data pointer");
-  if (dl.byte_offset % size_of(dtype) != 0) {
-    throw InvalidArgumentError("from_dlpack: byte_offset " + std::to_string(dl.byte_offset) +
-                               " is not a multiple of the element size");
-  }
-  internal::checked_nbytes(dtype, shape);
-  // Nothing below may throw: once `storage` exists, its deleter owns `managed`.
   // (Null data is allowed for an empty tensor; no offset is added to it.)
   std::byte* data = dl.data == nullptr ? nullptr : static_cast<std::byte*>(dl.data) + dl.byte_offset;
-  std::shared_ptr<std::byte> storage(data, [managed](std::byte*) {
-    if (managed->deleter) managed->deleter(managed);
-  });
-  return Tensor::from_shared(std::move(storage), dtype, std::move(shape));
+  // The kernels read elements through typed pointers: a misaligned one is
+  // undefined behaviour. (An empty tensor's pointer is never read.)
+  if (shape.num_elements() > 0 && reinterpret_cast<std::uintptr_t>(data) % size_of(dtype) != 0) {
+    throw InvalidArgumentError("from_dlpack: data + byte_offset " + std::to_string(dl.byte_offset) +
+                               " is not aligned to the " + std::to_string(size_of(dtype)) + "-byte elements of " +
+                               std::string(to_string(dtype)));
+  }
+  internal::checked_nbytes(dtype, shape);
+  // The Tensor takes `managed` only once it exists: if making it throws (out
+  // of memory), nothing was taken and the caller still owns `managed`.
+  struct Release {
+    DLManagedTensor* owned = nullptr;
+    void operator()(std::byte*) const noexcept {
+      if (owned != nullptr && owned->deleter) owned->deleter(owned);
+    }
+  };
+  std::shared_ptr<std::byte> storage(data, Release{});
+  Tensor t = Tensor::from_shared(storage, dtype, std::move(shape));
+  std::get_deleter<Release>(storage)->owned = managed;  // (built with RTTI: get_deleter needs it)
+  return t;
 }
 
 }  // namespace distribute

@@ -101,7 +101,7 @@ TEST_P(DLPackRoundTripTest, ImportedTensorKeepsExportedStorageAlive) {
     u = from_dlpack(to_dlpack(t));
     EXPECT_EQ(t.storage().use_count(), 2);  // t and the export context
   }
-  EXPECT_EQ(u, expected);  // t is gone; its bytes live on through the DLPack context (ASan checks)
+  EXPECT_EQ(u, expected);  // t is gone; its bytes live on through the DLPack context (the count above)
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, DLPackRoundTripTest, ::testing::ValuesIn(kAllDTypes),
@@ -118,6 +118,26 @@ TEST(DLPackTest, DTypeCodes) {
   EXPECT_EQ(to_dl_dtype(DType::kBool).code, 6);  // kDLBool of DLPack 0.8
   EXPECT_EQ(to_dl_dtype(DType::kBool).bits, 8);
   for (DType d : kAllDTypes) EXPECT_EQ(to_dl_dtype(d).lanes, 1) << to_string(d);
+}
+
+// Import of hand-written DLPack dtypes (not through to_dl_dtype, which a
+// round trip would check only against itself).
+TEST(DLPackTest, ImportMapsEveryDLPackDTypeByTheSpec) {
+  struct Case {
+    DLDataType dl;
+    DType want;
+  };
+  const Case cases[] = {{{kDLInt, 8, 1}, DType::kInt8},        {{kDLInt, 16, 1}, DType::kInt16},
+                        {{kDLInt, 32, 1}, DType::kInt32},      {{kDLInt, 64, 1}, DType::kInt64},
+                        {{kDLUInt, 8, 1}, DType::kUInt8},      {{kDLFloat, 16, 1}, DType::kFloat16},
+                        {{kDLFloat, 32, 1}, DType::kFloat32},  {{kDLFloat, 64, 1}, DType::kFloat64},
+                        {{kDLBfloat, 16, 1}, DType::kBFloat16}, {{6, 8, 1}, DType::kBool}};
+  std::vector<std::uint64_t> buf(2);
+  for (const Case& c : cases) {
+    Owned o(buf.data(), c.dl, {1});
+    EXPECT_EQ(from_dlpack(&o.managed).dtype(), c.want) << to_string(c.want);
+    EXPECT_EQ(o.deleted, 1) << to_string(c.want);
+  }
 }
 
 TEST(DLPackTest, ScalarAndEmptyTensorsRoundTrip) {
@@ -297,7 +317,43 @@ TEST(DLPackRejectTest, MisalignedByteOffset) {
   o.managed.dl_tensor.byte_offset = 2;
   expect_rejected(o, [](const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("byte_offset 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("byte_offset 2 is not aligned to the 4-byte elements of int32"),
+              std::string::npos)
+        << e.what();
+  });
+}
+
+// The pointer itself misaligned (kernels read through typed pointers: UB
+// under UBSan), and a misaligned pointer whose byte_offset aligns it again
+// (accepted: only where the elements start counts).
+TEST(DLPackAlignmentTest, OnlyWhereTheElementsStartCounts) {
+  std::vector<double> buf(4);
+  auto* bytes = reinterpret_cast<std::byte*>(buf.data());
+  Owned o(bytes + 1, kF32, {2});
+  expect_rejected(o, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("not aligned"), std::string::npos) << e.what();
+  });
+  Owned realigned(bytes + 2, kF32, {2});
+  realigned.managed.dl_tensor.byte_offset = 2;
+  {
+    const Tensor t = from_dlpack(&realigned.managed);
+    EXPECT_EQ(t.raw_data(), bytes + 4);
+  }
+  EXPECT_EQ(realigned.deleted, 1);
+}
+
+TEST(DLPackRejectTest, AnNdimPastTheLimit) {
+  std::vector<float> buf(4);
+  Owned most(buf.data(), kF32, std::vector<std::int64_t>(64, 1));
+  EXPECT_EQ(from_dlpack(&most.managed).rank(), 64);
+  Owned one_more(buf.data(), kF32, std::vector<std::int64_t>(65, 1));
+  expect_rejected(one_more, [](const Error& e) { EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument); });
+  Owned o(buf.data(), kF32, {2});
+  o.managed.dl_tensor.ndim = 1 << 30;  // never read as a shape: refused before
+  expect_rejected(o, [](const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("ndim 1073741824 is outside [0, 64]"), std::string::npos) << e.what();
   });
 }
 
