@@ -12,6 +12,10 @@
 
 #include "core/whole_number.h"
 
+#if defined(DISTRIBUTE_STORAGE_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace distribute::internal {
 namespace {
 
@@ -43,8 +47,22 @@ static_assert([] {
   return true;
 }());
 
+// Marks [p, p + bytes) unusable (idle in a cache) or usable again: no-ops
+// without AddressSanitizer.
+#if defined(DISTRIBUTE_STORAGE_ASAN)
+void poison(const void* p, std::size_t bytes) { __asan_poison_memory_region(p, bytes); }
+void unpoison(const void* p, std::size_t bytes) { __asan_unpoison_memory_region(p, bytes); }
+#else
+void poison(const void*, std::size_t) {}
+void unpoison(const void*, std::size_t) {}
+#endif
+
 void* system_allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{kStorageAlignment}); }
-void system_free(void* p) { ::operator delete(p, std::align_val_t{kStorageAlignment}); }
+// `bytes`: the block's size class (a cached block may still be poisoned).
+void system_free(void* p, std::size_t bytes) {
+  unpoison(p, bytes);
+  ::operator delete(p, std::align_val_t{kStorageAlignment});
+}
 
 // A setting that is not a whole number leaves the default here (the first
 // allocation is no place to throw); creating a strategy reports it.
@@ -79,7 +97,7 @@ class StorageCache {
         return;
       }
     }
-    system_free(p);
+    system_free(p, cls);
   }
 
   StorageStats stats() {
@@ -95,7 +113,7 @@ class StorageCache {
       cached_bytes_ = 0;
     }
     for (auto& [cls, list] : blocks) {
-      for (void* p : list) system_free(p);
+      for (void* p : list) system_free(p, cls);
     }
   }
 
@@ -150,7 +168,7 @@ void give_back_elsewhere(void* p, std::size_t cls) {
   if (shared_class(cls)) {
     cache().give_back(p, cls);
   } else {
-    system_free(p);
+    system_free(p, cls);
   }
 }
 
@@ -241,6 +259,14 @@ bool kept_aside(std::byte* p, std::size_t bytes) {
   return false;
 }
 
+// A block of class `cls` handed out for `bytes`: those are usable, the slack
+// after them is not. (A quarantined block is never poisoned: a transport may
+// still write into it, and that is no fault of ours to report.)
+void hand_out(std::byte* p, std::size_t bytes, std::size_t cls) {
+  poison(p + bytes, cls - bytes);
+  unpoison(p, bytes);
+}
+
 }  // namespace
 
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
@@ -252,8 +278,11 @@ std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
   // rest of a small collective's API call.
   const std::size_t cls = size_class(std::max(bytes, kStorageAlignment));
   auto* p = static_cast<std::byte*>(take_block(cls));
+  hand_out(p, bytes, cls);
   return std::shared_ptr<std::byte>(p, [cls, owner = this_thread_number()](std::byte* q) {
-    if (!kept_aside(q, cls)) give_back_block(q, cls, owner);
+    if (kept_aside(q, cls)) return;
+    poison(q, cls);
+    give_back_block(q, cls, owner);
   });
 }
 
@@ -262,9 +291,12 @@ std::shared_ptr<std::byte> allocate_shared_storage(std::size_t bytes) {
   if (bytes > (std::size_t{1} << 62)) throw std::bad_alloc();
   const std::size_t cls = size_class(std::max(bytes, kStorageAlignment));
   auto* p = static_cast<std::byte*>(take_elsewhere(cls));
+  hand_out(p, bytes, cls);
   // Owner 0 is no thread's number: the block goes back past every thread's cache.
   return std::shared_ptr<std::byte>(p, [cls](std::byte* q) {
-    if (!kept_aside(q, cls)) give_back_block(q, cls, 0);
+    if (kept_aside(q, cls)) return;
+    poison(q, cls);
+    give_back_block(q, cls, 0);
   });
 }
 

@@ -13,7 +13,25 @@
 #include <cstdint>
 #include <memory>
 
+// Under AddressSanitizer, blocks idle in the cache are poisoned, so a read or
+// write through a pointer into storage that its last Tensor let go of is
+// reported (use-after-poison), as a use after free would be without the
+// cache; so is an access past the bytes asked for, into the size class's slack.
+#if defined(__SANITIZE_ADDRESS__)
+#define DISTRIBUTE_STORAGE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DISTRIBUTE_STORAGE_ASAN 1
+#endif
+#endif
+
 namespace distribute::internal {
+
+#if defined(DISTRIBUTE_STORAGE_ASAN)
+inline constexpr bool kIdleStoragePoisoned = true;
+#else
+inline constexpr bool kIdleStoragePoisoned = false;
+#endif
 
 inline constexpr std::size_t kStorageAlignment = 64;
 // Blocks from this size up are cached in a cache shared by every thread (and

@@ -9,6 +9,10 @@
 #include <new>
 #include <thread>
 
+#if defined(DISTRIBUTE_STORAGE_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace distribute::internal {
 namespace {
 
@@ -206,6 +210,80 @@ TEST(StorageTest, QuarantinedStorageIsNeverReused) {
   EXPECT_EQ(d.get(), cold);
   d.reset();
   EXPECT_EQ(quarantined_blocks(), kept_before + 2);
+}
+
+bool poisoned(const std::byte* p) {
+#if defined(DISTRIBUTE_STORAGE_ASAN)
+  return __asan_address_is_poisoned(p) != 0;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+// Under AddressSanitizer a block idle in a cache is poisoned, and so is the
+// slack of a block in use past the bytes asked for; a block handed out again
+// is usable up to the new request. Small blocks (the thread's cache), large
+// ones, and shared storage (the shared cache) alike. (Small shared storage
+// goes back to the system, which poisons it for ASan's own reasons.)
+TEST(StorageSanitizerTest, IdleBlocksAndTheSlackPastARequestArePoisoned) {
+  if (!kIdleStoragePoisoned) GTEST_SKIP() << "only AddressSanitizer builds poison idle storage";
+  std::thread([] {
+    for (const bool shared : {false, true}) {
+      for (const std::size_t bytes : {std::size_t{100}, std::size_t{300000}}) {
+        if (shared && bytes < kCachedMinBytes) continue;
+        const auto allocate = [&](std::size_t n) { return shared ? allocate_shared_storage(n) : allocate_storage(n); };
+        SCOPED_TRACE(testing::Message() << (shared ? "shared, " : "") << bytes << " bytes");
+        std::shared_ptr<std::byte> a = allocate(bytes);
+        std::byte* p = a.get();
+        EXPECT_FALSE(poisoned(p));
+        EXPECT_FALSE(poisoned(p + bytes - 1));
+        EXPECT_TRUE(poisoned(p + bytes)) << "the size class's slack";
+        a.reset();
+        EXPECT_TRUE(poisoned(p));
+        EXPECT_TRUE(poisoned(p + bytes - 1));
+        // The same class again: the same block, usable up to the smaller request.
+        std::shared_ptr<std::byte> b = allocate(bytes - 3);
+        ASSERT_EQ(b.get(), p);
+        EXPECT_FALSE(poisoned(p));
+        EXPECT_FALSE(poisoned(p + bytes - 4));
+        EXPECT_TRUE(poisoned(p + bytes - 3));
+      }
+    }
+  }).join();
+  release_cached_storage();
+}
+
+// What the poisoning is for: a read through a pointer kept past the last
+// user of its storage is reported, though the block is only back in the cache.
+TEST(StorageSanitizerDeathTest, AReadOfStorageItsLastUserLetGoOfIsReported) {
+  if (!kIdleStoragePoisoned) GTEST_SKIP() << "only AddressSanitizer builds poison idle storage";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        std::shared_ptr<std::byte> block = allocate_storage(8192);
+        std::shared_ptr<std::byte> view(block, block.get() + 4096);  // as a Tensor's view holds it
+        const volatile std::byte* kept = view.get();
+        block.reset();
+        view.reset();
+        std::byte read = *kept;
+        (void)read;
+      },
+      "use-after-poison");
+}
+
+// A quarantined block is kept aside unpoisoned: a transport may still write
+// into it after a failure, which is no fault to report.
+TEST(StorageSanitizerTest, QuarantinedBlocksStayUnpoisoned) {
+  if (!kIdleStoragePoisoned) GTEST_SKIP() << "only AddressSanitizer builds poison idle storage";
+  std::byte* p = nullptr;
+  {
+    std::shared_ptr<std::byte> block = allocate_storage(200000);
+    p = block.get();
+    quarantine_storage(p, 16);
+  }
+  EXPECT_FALSE(poisoned(p));
+  EXPECT_FALSE(poisoned(p + 199999));
 }
 
 }  // namespace
