@@ -33,7 +33,10 @@ Strategy& get_strategy();
 bool has_strategy();
 // Makes `strategy` the current strategy of this thread outside any `scope()`
 // (nullptr: back to the default). Inside a scope it throws
-// FailedPreconditionError, as TensorFlow raises RuntimeError.
+// FailedPreconditionError, as TensorFlow raises RuntimeError. Destroying
+// the strategy on this thread unsets it, unless a scope of it is entered on
+// top; on another thread, while it is set here, it ends the program
+// (~Strategy).
 void experimental_set_strategy(Strategy* strategy);
 
 }  // namespace distribute

@@ -154,13 +154,19 @@ class [[nodiscard]] StrategyScope {
  private:
   friend class Strategy;
   enum class Kind { kNone, kPushed, kCounted };
-  StrategyScope(Strategy* strategy, Kind kind) : strategy_(strategy), kind_(kind) {}
+  StrategyScope(Strategy* strategy, Kind kind);
   Strategy* strategy_;
   Kind kind_;
 };
 
 class Strategy {
  public:
+  // A strategy must outlive its scopes and runs: destroying it while a
+  // scope() or run of it is still open, on any thread, ends the program with
+  // a message that says so (as destroying a joinable std::thread ends it),
+  // where the scope would otherwise leave a dangling current strategy; not
+  // during std::exit. A strategy that this thread made current with
+  // experimental_set_strategy is unset first.
   virtual ~Strategy();
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
@@ -265,9 +271,12 @@ class Strategy {
   // Multi-worker strategies, from their constructor: `workers` has one member
   // per worker process (this process is member workers->rank()); every
   // collective then spans all workers (see multi_worker_mirrored_strategy.h).
-  void set_workers(Communicator* workers);
+  // The strategy shares ownership of `workers`, so that the collectives built
+  // on it are torn down before it.
+  void set_workers(std::shared_ptr<Communicator> workers);
 
  private:
+  friend class StrategyScope;
   friend class StrategyExtended;
   friend class ReplicaContext;
   friend class internal::StrategyRef;
@@ -296,6 +305,9 @@ class Strategy {
   void check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op);
   // The same for several values in one agreement; messages name "value k".
   void check_and_agree_batch(const std::vector<const std::vector<Tensor>*>& values, std::string_view api, ReduceOp op);
+  // The scopes of this strategy entered and not yet left, on every thread
+  // (StrategyScope counts them); the destructor checks there are none.
+  void count_scope(int delta) noexcept;
 
   std::vector<std::string> devices_;
   int num_replicas_in_sync_;

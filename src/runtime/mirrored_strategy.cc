@@ -312,7 +312,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup 
                static_cast<int>(setup.devices.size()) * setup.rank, setup.options),
       workers_(setup.workers), worker_rank_(setup.rank), num_workers_(setup.size) {
   if (workers_ != nullptr) {
-    set_workers(workers_.get());
+    set_workers(workers_);
     internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr, setup.met);
   }
 } catch (...) {

@@ -11,10 +11,22 @@
 namespace distribute {
 namespace internal {
 
+namespace {
+// Trivially destructible, so that it can be read while thread-locals are
+// being destroyed: set once this thread's mode stack is gone.
+thread_local bool mode_stack_gone = false;
+struct ModeStack {
+  std::vector<ModeEntry> entries;
+  ~ModeStack() { mode_stack_gone = true; }
+};
+}  // namespace
+
 std::vector<ModeEntry>& mode_stack() {
-  thread_local std::vector<ModeEntry> stack;
-  return stack;
+  thread_local ModeStack stack;
+  return stack.entries;
 }
+
+bool thread_locals_destroyed() noexcept { return mode_stack_gone; }
 
 namespace {
 // A one-member group and communicator behind each thread's default replica context.
@@ -106,15 +118,38 @@ Strategy& get_strategy() { return *current_mode().strategy; }
 bool has_strategy() { return !is_default_strategy(get_strategy()); }
 
 namespace {
+// This thread's strategy by experimental_set_strategy, or null. Trivially
+// destructible, so that a strategy destroyed while thread-locals are (a
+// static one, at exit) can still ask whether it is this thread's.
+thread_local const Strategy* global_strategy_set = nullptr;
+
 struct GlobalStrategy {
   std::optional<StrategyScope> scope;
   std::size_t depth = 0;  // mode-stack size just after the global scope was entered
+  ~GlobalStrategy() {
+    scope.reset();
+    global_strategy_set = nullptr;
+  }
 };
 GlobalStrategy& global_strategy() {
+  // The mode stack first: thread-locals are destroyed in the reverse order
+  // of their construction, and the global scope's destructor pops its entry.
+  mode_stack();
   thread_local GlobalStrategy g;
   return g;
 }
 }  // namespace
+
+void internal::unset_global_strategy_if(const Strategy& s) noexcept {
+  if (global_strategy_set != &s) return;
+  GlobalStrategy& g = global_strategy();
+  const auto& stack = mode_stack();
+  // Nothing entered on top: the global entry is the top, not re-entered.
+  if (stack.size() == g.depth && stack.back().scope_count == 1) {
+    g.scope.reset();
+    global_strategy_set = nullptr;
+  }
+}
 
 void experimental_set_strategy(Strategy* strategy) {
   GlobalStrategy& g = global_strategy();
@@ -125,25 +160,33 @@ void experimental_set_strategy(Strategy* strategy) {
     throw FailedPreconditionError("Must not be called inside a `tf.distribute.Strategy` scope.");
   }
   g.scope.reset();
+  global_strategy_set = nullptr;
   if (strategy != nullptr) {
     g.scope.emplace(strategy->scope());
     g.depth = mode_stack().size();
+    global_strategy_set = strategy;
   }
 }
 
 // ---- StrategyScope ----------------------------------------------------------
+
+StrategyScope::StrategyScope(Strategy* strategy, Kind kind) : strategy_(strategy), kind_(kind) {
+  if (kind_ != Kind::kNone) strategy_->count_scope(+1);
+}
 
 StrategyScope::StrategyScope(StrategyScope&& other) noexcept : strategy_(other.strategy_), kind_(other.kind_) {
   other.kind_ = Kind::kNone;
 }
 
 StrategyScope::~StrategyScope() {
+  if (kind_ == Kind::kNone) return;
   auto& stack = mode_stack();
   if (kind_ == Kind::kPushed && !stack.empty()) {
     stack.pop_back();
   } else if (kind_ == Kind::kCounted && !stack.empty()) {
     --stack.back().scope_count;
   }
+  strategy_->count_scope(-1);
 }
 
 StrategyScope Strategy::scope() {

@@ -48,6 +48,12 @@ std::uint64_t shared_merge_tasks();
 inline const char kMergeTaskMark = 0;
 
 std::vector<ModeEntry>& mode_stack();
+// Whether this thread's mode stack has been destroyed: the thread is ending,
+// or (the main thread) the process is exiting and destroying static objects.
+bool thread_locals_destroyed() noexcept;
+// ~Strategy: if `s` is this thread's strategy by experimental_set_strategy,
+// and nothing is entered on top of it, unsets it.
+void unset_global_strategy_if(const Strategy& s) noexcept;
 // The top entry, or the default mode's entry when the stack is empty.
 ModeEntry current_mode();
 // This thread's default replica context (replica 0 of the default strategy).

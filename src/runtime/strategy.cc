@@ -3,7 +3,9 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -46,19 +48,24 @@ void RunResources::abort(ErrorCode code, const std::string& message, int origin)
 
 struct StrategyState {
   explicit StrategyState(int replicas) : pool(replicas) {}
+  // Multi-worker strategies: one member per worker process. Declared first,
+  // so that it outlives the communicators built on it (by_depth).
+  std::shared_ptr<Communicator> workers_owner;
   ReplicaPool pool;
   std::mutex resources_mutex;
   std::vector<std::unique_ptr<RunResources>> by_depth;
   double stall_warning_seconds = 0;
   // Where the in-process all_reduce streams (read once, when the strategy is made).
   std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::kNeverStream;
-  // Multi-worker strategies: one member per worker process, and the state of
-  // the cross-replica collectives this worker issues through it.
+  // workers_owner, and the state of the cross-replica collectives this
+  // worker issues through it.
   Communicator* workers = nullptr;
   std::recursive_mutex worker_mutex;
   std::uint64_t worker_sequence = 0;
   // Expires with the strategy (StrategyRef).
   std::shared_ptr<const void> alive = std::make_shared<const char>('\0');
+  // Scopes entered and not yet left, on every thread (Strategy::count_scope).
+  std::atomic<int> open_scopes{0};
 
   RunResources& resources(int depth, int replicas, double stall) {
     std::lock_guard<std::mutex> lock(resources_mutex);
@@ -261,10 +268,32 @@ std::vector<std::string> exchange_across_workers(Strategy& s, std::string payloa
 
 // ---- Strategy -------------------------------------------------------------------
 
+namespace {
+// describe() with the strategy's name given: ~Strategy cannot ask for it.
+std::string describe_strategy(std::string_view name, int replicas, const std::vector<std::string>& devices,
+                              const Communicator* workers) {
+  std::string s = std::string(name) + "(" + std::to_string(replicas) + (replicas == 1 ? " replica" : " replicas");
+  if (workers != nullptr) {
+    s += " on " + std::to_string(workers->size()) + " workers; worker " + std::to_string(workers->rank()) + " has";
+  }
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string& d = devices[i];
+    const auto pos = d.find("device:");
+    s += (i ? ", " : ": ") + (pos == std::string::npos ? d : d.substr(pos + 7));
+  }
+  return s + ")";
+}
+
+}  // namespace
+
 Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
                    CommunicationOptions options, bool checks_settings)
     : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
       first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
+  // The mode stack of the making thread exists before the strategy does, so
+  // that it is destroyed after a thread-local strategy, and before a static
+  // one at exit (~Strategy).
+  internal::mode_stack();
   options_.validate();
   const std::size_t stream_bytes =
       checks_settings ? internal::checked_engine_settings() : internal::SharedMemoryCommunicator::kNeverStream;
@@ -277,7 +306,30 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
   state_->all_reduce_stream_bytes = stream_bytes;
 }
 
-Strategy::~Strategy() = default;
+
+Strategy::~Strategy() {
+  internal::unset_global_strategy_if(*this);
+  const int open = state_->open_scopes.load(std::memory_order_acquire);
+  // Not while this thread's thread-locals are gone: std::exit (or a return
+  // from main) is destroying a static strategy. Exit unwinds nothing, so a
+  // scope entered where it was called stays open, and scopes of threads
+  // still running end with the process.
+  if (open > 0 && !internal::thread_locals_destroyed()) {
+    // The open scopes' mode entries would point at freed memory, read by
+    // every later get_strategy() on their threads: no exception can leave a
+    // destructor, so this ends the program, as destroying a joinable
+    // std::thread does. (Its own name is gone with the derived class.)
+    const std::string described = describe_strategy("Strategy", num_replicas_in_sync_, devices_, state_->workers);
+    std::fprintf(stderr,
+                 "distribute: %s was destroyed while still in use: %d scope()%s or run%s of it entered and not "
+                 "left (on this thread or another); a strategy must outlive its scopes and runs\n",
+                 described.c_str(), open, open == 1 ? "" : "s", open == 1 ? "" : "s");
+    std::fflush(stderr);
+    std::abort();
+  }
+}
+
+void Strategy::count_scope(int delta) noexcept { state_->open_scopes.fetch_add(delta, std::memory_order_acq_rel); }
 
 internal::StrategyRef::StrategyRef(Strategy& s) : strategy_(&s), alive_(s.state_->alive), described_(s.describe()) {}
 
@@ -287,21 +339,14 @@ void internal::StrategyRef::throw_destroyed(std::string_view kind, std::string_v
                                 ", was destroyed: a strategy must outlive its variables and distributed datasets");
 }
 
-void Strategy::set_workers(Communicator* workers) { state_->workers = workers; }
+void Strategy::set_workers(std::shared_ptr<Communicator> workers) {
+  state_->workers = workers.get();
+  state_->workers_owner = std::move(workers);
+}
+
 
 std::string Strategy::describe() const {
-  std::string s = std::string(name()) + "(" + std::to_string(num_replicas_in_sync_) +
-                  (num_replicas_in_sync_ == 1 ? " replica" : " replicas");
-  if (state_->workers != nullptr) {
-    s += " on " + std::to_string(state_->workers->size()) + " workers; worker " +
-         std::to_string(state_->workers->rank()) + " has";
-  }
-  for (std::size_t i = 0; i < devices_.size(); ++i) {
-    const std::string& d = devices_[i];
-    const auto pos = d.find("device:");
-    s += (i ? ", " : ": ") + (pos == std::string::npos ? d : d.substr(pos + 7));
-  }
-  return s + ")";
+  return describe_strategy(name(), num_replicas_in_sync_, devices_, state_->workers);
 }
 
 void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api) {

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "testing/strategies.h"
@@ -157,6 +160,107 @@ TEST(ContextTest, ExperimentalSetStrategy) {
     auto scope = s->scope();
     EXPECT_THROW(experimental_set_strategy(other.get()), FailedPreconditionError);
   }
+}
+
+// A strategy that this thread made current with experimental_set_strategy
+// is unset when it is destroyed (Python keeps it alive by reference; here the
+// mode would name freed memory).
+TEST(ContextTest, DestroyingTheGlobalStrategyUnsetsIt) {
+  {
+    auto s = testing::mirrored(2);
+    experimental_set_strategy(s.get());
+    { auto scope = s->scope(); }  // re-entered and left: only the global scope is open
+    EXPECT_EQ(&get_strategy(), s.get());
+  }
+  expect_default_state();
+  auto other = testing::mirrored(3);
+  experimental_set_strategy(other.get());
+  EXPECT_EQ(&get_strategy(), other.get());
+  experimental_set_strategy(nullptr);
+  expect_default_state();
+}
+
+// A thread that sets a strategy and ends without unsetting it gives the
+// setting back as it ends: destroying the strategy afterwards is fine.
+TEST(ContextTest, AThreadThatEndsWithAStrategySetLetsGoOfIt) {
+  auto s = testing::mirrored(2);
+  std::thread([&] {
+    experimental_set_strategy(s.get());
+    auto scope = s->scope();  // re-entered, and left before the thread ends
+    EXPECT_EQ(&get_strategy(), s.get());
+  }).join();
+  s.reset();  // no open scope left: no abort
+  expect_default_state();
+}
+
+// Destroying a strategy while a scope of it is entered would leave that
+// thread's current strategy pointing at freed memory: the program ends with
+// a message instead, whichever thread entered the scope.
+TEST(ContextDeathTest, DestroyingAStrategyInsideItsScopeEndsTheProgram) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string message = "was destroyed while still in use: 1 scope\\(\\) or run of it entered and not left";
+  EXPECT_DEATH(
+      {
+        std::optional<StrategyScope> scope;
+        auto s = testing::mirrored(2);
+        scope.emplace(s->scope());
+        s.reset();
+      },
+      "Strategy\\(2 replicas: CPU:0, CPU:1\\) " + message);
+  // Re-entered: two scopes open.
+  EXPECT_DEATH(
+      {
+        auto s = testing::mirrored(2);
+        std::optional<StrategyScope> outer(s->scope());
+        std::optional<StrategyScope> inner(s->scope());
+        s.reset();
+      },
+      "2 scope\\(\\)s or runs of it entered and not left");
+  // Entered on another thread, or set there by experimental_set_strategy, or
+  // a run in progress there.
+  for (const int how : {0, 1, 2}) {
+    EXPECT_DEATH(
+        {
+          auto s = testing::mirrored(2);
+          std::atomic<bool> entered{false};
+          std::atomic<bool> leave{false};
+          std::thread t([&] {
+            std::optional<StrategyScope> scope;
+            if (how == 0) scope.emplace(s->scope());
+            if (how == 1) experimental_set_strategy(s.get());
+            if (how == 2) {
+              s->run([&](ReplicaContext& ctx) {
+                if (ctx.replica_id_in_sync_group() != 0) return;
+                entered = true;
+                while (!leave) std::this_thread::yield();
+              });
+            }
+            entered = true;
+            while (!leave) std::this_thread::yield();
+            if (how == 1) experimental_set_strategy(nullptr);
+          });
+          while (!entered) std::this_thread::yield();
+          s.reset();
+          leave = true;
+          t.join();
+        },
+        message)
+        << "case " << how;
+  }
+}
+
+// std::exit unwinds nothing, so a scope entered where it is called stays
+// open; a strategy with static storage is then destroyed by the exit itself,
+// which is no misuse to report: the process ends with the code asked for.
+TEST(ContextDeathTest, ExitInsideAScopeOfAStaticStrategyKeepsItsCode) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        static std::unique_ptr<MirroredStrategy> s = testing::mirrored(2);
+        auto scope = s->scope();
+        std::exit(3);
+      },
+      ::testing::ExitedWithCode(3), "");
 }
 
 TEST(ContextTest, ModeIsPerThread) {
