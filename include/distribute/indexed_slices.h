@@ -33,7 +33,9 @@ class IndexedSlices {
   // index).
   IndexedSlices as_read_only() const;
 
-  // Sums rows into a dense tensor (duplicates add up, in order).
+  // Sums rows into a dense tensor (duplicates add up, in order; integers
+  // wrap). The indices are checked again (InvalidArgumentError): their
+  // storage stays writable through any Tensor that shares it.
   Tensor to_dense() const;
 
   std::string repr() const;
@@ -41,6 +43,8 @@ class IndexedSlices {
 
  private:
   struct Checked {};
+  // "index 12 at position 3 is outside [0, 10)".
+  std::string outside(std::int64_t row, std::int64_t position) const;
   IndexedSlices(Checked, Tensor values, Tensor indices, Shape dense_shape)
       : values_(std::move(values)), indices_(std::move(indices)), dense_shape_(std::move(dense_shape)) {}
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <ostream>
+#include <type_traits>
 
 namespace distribute {
 namespace {
@@ -29,11 +30,13 @@ IndexedSlices::IndexedSlices(Tensor values, Tensor indices, Shape dense_shape)
   }
   for (std::int64_t i = 0; i < indices_.num_elements(); ++i) {
     const std::int64_t row = index_at(indices_, i);
-    if (row < 0 || row >= dense_shape_[0]) {
-      fail("index " + std::to_string(row) + " at position " + std::to_string(i) + " is outside [0, " +
-           std::to_string(dense_shape_[0]) + ")");
-    }
+    if (row < 0 || row >= dense_shape_[0]) fail(outside(row, i));
   }
+}
+
+std::string IndexedSlices::outside(std::int64_t row, std::int64_t position) const {
+  return "index " + std::to_string(row) + " at position " + std::to_string(position) + " is outside [0, " +
+         std::to_string(dense_shape_[0]) + ")";
 }
 
 IndexedSlices IndexedSlices::as_read_only() const {
@@ -48,13 +51,24 @@ Tensor IndexedSlices::to_dense() const {
     const T* src = reinterpret_cast<const T*>(values_.raw_data());
     T* dst = reinterpret_cast<T*>(dense.mutable_raw_data());
     for (std::int64_t i = 0; i < indices_.num_elements(); ++i) {
-      T* row = dst + index_at(indices_, i) * row_elems;
+      // Checked again: the indices' storage stays writable through any Tensor
+      // that shares it, so they may have changed since the constructor read them.
+      const std::int64_t at = index_at(indices_, i);
+      if (at < 0 || at >= dense_shape_[0]) {
+        throw InvalidArgumentError("IndexedSlices::to_dense: " + outside(at, i) +
+                                   ": the indices were changed after the IndexedSlices was made");
+      }
+      T* row = dst + at * row_elems;
       const T* in = src + i * row_elems;
       for (std::int64_t j = 0; j < row_elems; ++j) {
         if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
           row[j] = T(static_cast<float>(row[j]) + static_cast<float>(in[j]));
         } else if constexpr (std::is_same_v<T, bool>) {
           row[j] = row[j] || in[j];
+        } else if constexpr (std::is_integral_v<T>) {
+          // Duplicates wrap (two's complement), as every integer sum here does.
+          using U = std::make_unsigned_t<T>;
+          row[j] = static_cast<T>(static_cast<U>(static_cast<U>(row[j]) + static_cast<U>(in[j])));
         } else {
           row[j] = static_cast<T>(row[j] + in[j]);
         }

@@ -238,14 +238,25 @@ class PipelineSource final : public DistributedDataset::Source {
           }
         },
         "distribute_datasets_from_function");
-    const std::vector<std::string> all = failure.exchange(s, any ? "1" : "0", "distribute_datasets_from_function");
+    // "1": batches this step; "0": none, but an earlier batch gives the
+    // structure of empty ones; "x": none ever.
+    const std::vector<std::string> all =
+        failure.exchange(s, any ? "1" : last_ ? "0" : "x", "distribute_datasets_from_function");
     bool any_worker = false;
     for (const std::string& a : all) any_worker = any_worker || a == "1";
     if (!any_worker) return std::nullopt;
-    if (!last_) {
-      throw InvalidArgumentError("distribute_datasets_from_function: this worker's dataset produced no batch while "
-                                 "other workers' did; its replicas cannot be given empty batches of an unknown "
-                                 "structure");
+    for (std::size_t w = 0; w < all.size(); ++w) {
+      if (all[w] != "x") continue;
+      // Every worker has the same `all`, so each raises this alike (the
+      // others would otherwise wait in the step's collectives for this one).
+      try {
+        throw InvalidArgumentError("distribute_datasets_from_function: worker " + std::to_string(w) +
+                                   "'s dataset produced no batch at all while other workers' did; its replicas "
+                                   "cannot be given empty batches of an unknown structure");
+      } catch (...) {
+        internal::note_agreed_worker_error();
+        throw;
+      }
     }
     std::vector<Nest<Tensor>> out;
     for (std::size_t i = 0; i < got.size(); ++i) {
@@ -284,10 +295,24 @@ DistributedDataset Strategy::experimental_distribute_dataset(BatchFn global_batc
 
 DistributedDataset Strategy::distribute_datasets_from_function(
     const std::function<BatchFn(const InputContext&)>& dataset_fn) {
+  // Its workers agree on dataset_fn's outcome (below): once per worker, not per replica.
+  require_cross_replica_or_default("distribute_datasets_from_function");
   const int workers = num_replicas_in_sync() / num_local_replicas();
   const InputContext context(workers, first_replica_id() / num_local_replicas(), num_replicas_in_sync());
-  BatchFn batches = dataset_fn(context);
-  if (!batches) throw InvalidArgumentError("distribute_datasets_from_function: dataset_fn returned no batch function");
+  BatchFn batches;
+  LocalFailure failure;
+  failure.run(
+      [&] {
+        batches = dataset_fn(context);
+        if (!batches) {
+          throw InvalidArgumentError("distribute_datasets_from_function: dataset_fn returned no batch function");
+        }
+      },
+      "distribute_datasets_from_function");
+  // Under several workers, dataset_fn failing on one (a file missing on its
+  // host) is raised by every worker, not by that one alone while the others
+  // wait for it in their first get_next.
+  failure.exchange(*this, "", "distribute_datasets_from_function");
   return DistributedDataset(std::make_shared<PipelineSource>(*this, std::move(batches)));
 }
 

@@ -6,6 +6,7 @@
 
 #include "testing/errors.h"
 
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -78,6 +79,35 @@ TEST(IndexedSlicesTest, ToDenseIntegerRowsOfHigherRank) {
   Tensor values = constant({{{1, 2}}, {{3, 4}}, {{5, 6}}});
   IndexedSlices g(values, constant({std::int64_t{1}, std::int64_t{1}, std::int64_t{1}}), Shape{2, 1, 2});
   EXPECT_EQ(g.to_dense(), constant({{{0, 0}}, {{9, 12}}}));
+}
+
+// Duplicate integer rows wrap (two's complement), with no undefined
+// behaviour (UBSan aborts on a signed overflow).
+TEST(IndexedSlicesTest, ToDenseIntegerDuplicatesWrap) {
+  constexpr std::int32_t kMax32 = std::numeric_limits<std::int32_t>::max();
+  IndexedSlices g32(constant({kMax32, 1}), constant({0, 0}), Shape{1});
+  EXPECT_EQ(g32.to_dense(), constant({std::numeric_limits<std::int32_t>::min()}));
+  constexpr std::int64_t kMin64 = std::numeric_limits<std::int64_t>::min();
+  IndexedSlices g64(constant({kMin64, std::int64_t{-1}}), constant({1, 1}), Shape{2});
+  EXPECT_EQ(g64.to_dense(), constant({std::int64_t{0}, std::numeric_limits<std::int64_t>::max()}));
+  IndexedSlices g8(cast(constant({100, 100}), DType::kInt8), constant({0, 0}), Shape{1});
+  EXPECT_EQ(g8.to_dense(), cast(constant({-56}), DType::kInt8));
+}
+
+// The indices' storage stays writable through the tensor they were made
+// from (and through indices().mutable_flat): an index changed after the
+// constructor checked it raises instead of writing outside the dense tensor.
+TEST(IndexedSlicesTest, ToDenseChecksIndicesChangedAfterMaking) {
+  Tensor indices = constant({3, 1});
+  IndexedSlices g(constant({{1.f, 2.f}, {3.f, 4.f}}), indices, Shape{10, 2});
+  indices.mutable_flat<std::int32_t>()[1] = 1'000'000;
+  const std::string msg = testing::error_message<InvalidArgumentError>([&] { g.to_dense(); });
+  EXPECT_NE(msg.find("index 1000000 at position 1 is outside [0, 10)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("changed after the IndexedSlices was made"), std::string::npos) << msg;
+  g.indices().mutable_flat<std::int32_t>()[1] = -1;
+  EXPECT_THROW(g.to_dense(), InvalidArgumentError);
+  g.indices().mutable_flat<std::int32_t>()[1] = 9;  // back in range
+  EXPECT_EQ(g.to_dense().flat<float>()[18], 3.f);
 }
 
 TEST(IndexedSlicesTest, ToDenseOfVectors) {

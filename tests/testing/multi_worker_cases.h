@@ -785,6 +785,47 @@ inline void ABadBatchOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
   EXPECT_EQ(s->reduce(ReduceOp::kSum, ones, std::nullopt), constant(static_cast<float>(env.replicas())));
 }
 
+// distribute_datasets_from_function across workers: a dataset_fn that fails
+// on one worker (a shard missing on its host), and a pipeline with no batch
+// at all on one worker while the others have some, are raised by every
+// worker, where the others used to wait for that one in their next exchange.
+// The strategy goes on.
+inline void APipelineThatFailsOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
+  auto s = env.strategy();
+  const int bad = env.workers - 1;
+  std::string message;
+  const std::string kind = error_kind(
+      [&] {
+        s->distribute_datasets_from_function([&](const InputContext& ctx) {
+          if (ctx.input_pipeline_id() == bad) throw NotFoundError("no shard file on this host");
+          return BatchFn([]() -> std::optional<Nest<Tensor>> { return Nest<Tensor>(constant({1.f})); });
+        });
+      },
+      &message);
+  EXPECT_EQ(kind, "NotFoundError") << "worker " << env.worker << ": " << message;
+  EXPECT_NE(message.find("no shard file on this host"), std::string::npos) << message;
+  if (env.worker != bad) {
+    EXPECT_NE(message.find("on worker " + std::to_string(bad)), std::string::npos) << message;
+  }
+  if (env.workers > 1) {
+    DistributedDataset dry = s->distribute_datasets_from_function([&](const InputContext& ctx) {
+      const bool empty = ctx.input_pipeline_id() == bad;
+      return BatchFn([empty]() -> std::optional<Nest<Tensor>> {
+        if (empty) return std::nullopt;
+        return Nest<Tensor>(constant({1.f, 2.f}));
+      });
+    });
+    const std::string dry_kind = error_kind([&] { dry.get_next(); }, &message);
+    EXPECT_EQ(dry_kind, "InvalidArgumentError") << "worker " << env.worker << ": " << message;
+    EXPECT_NE(message.find("worker " + std::to_string(bad) + "'s dataset produced no batch at all"),
+              std::string::npos)
+        << message;
+  }
+  // Every worker is still in step: a reduce across every replica.
+  const PerReplica<Tensor> ones = s->run([](ReplicaContext&) { return constant(1.f); });
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, ones, std::nullopt), constant(static_cast<float>(env.replicas())));
+}
+
 // Random collectives (testing/reference_model.h) across workers, bit for bit
 // against the reference model: every worker draws the same case from the
 // seed and feeds its own replicas' inputs.
@@ -902,6 +943,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(OptimizerStepsMatchTheSingleProcessStrategy)  \
   X(DatasetsSplitAcrossWorkersAndEndTogether)   \
   X(ABadBatchOnOneWorkerFailsEveryWorker)       \
+  X(APipelineThatFailsOnOneWorkerFailsEveryWorker) \
   X(RandomCollectivesMatchTheReference)          \
   X(InjectedFaultsFailAlikeEverywhere)
 
