@@ -228,6 +228,9 @@ class Strategy {
   // InputContext(num workers, this worker, num_replicas_in_sync); each step
   // every local replica takes the next batch of that source, in replica
   // order. The function shards and batches itself (per-replica batches).
+  // Under several workers, making it is a collective (a failure of
+  // dataset_fn on one worker is raised by all): every worker makes its
+  // datasets in the same order, in a cross-replica or default context.
   DistributedDataset distribute_datasets_from_function(const std::function<BatchFn(const InputContext&)>& dataset_fn);
 
   // Concatenates every replica's component along `axis` (ragged allowed).

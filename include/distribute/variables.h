@@ -253,6 +253,9 @@ auto StrategyExtended::update(Variable& var, Fn&& fn, const Args&... args) {
     }
   }
   strategy_->require_cross_replica_or_default("update");
+  // Before any component changes: too few components would fail part way,
+  // too many pass unnoticed.
+  internal::check_component_counts(*strategy_, "update", args...);
   return internal::update_variable_components(var, fn, args...);
 }
 

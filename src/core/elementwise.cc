@@ -1,6 +1,7 @@
 #include "core/elementwise.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace distribute::internal {
@@ -49,18 +50,29 @@ void sub_into(const Tensor& dst, const Tensor& src) {
   combine(dst, src, [](auto a, auto b) { return static_cast<decltype(a)>(a - b); });
 }
 
-Tensor divided(const Tensor& t, double divisor) {
+Tensor divided(const Tensor& t, std::int64_t divisor) {
   Tensor out = Tensor::uninitialized(t.dtype(), t.shape(), t.device());
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* s = static_cast<const T*>(t.raw_data());
     T* d = static_cast<T*>(out.mutable_raw_data());
     for (std::int64_t i = 0; i < t.num_elements(); ++i) {
-      const double q = static_cast<double>(static_cast<std::conditional_t<kHalf<T>, float, T>>(s[i])) / divisor;
-      if constexpr (kHalf<T>) {
-        d[i] = T(static_cast<float>(q));
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        // Exactly, truncating toward zero: through double, an int64 near its
+        // limit rounds to 2^63, whose conversion back is undefined.
+        if constexpr (std::is_signed_v<T>) {
+          d[i] = static_cast<T>(static_cast<std::int64_t>(s[i]) / divisor);
+        } else {
+          d[i] = static_cast<T>(static_cast<std::uint64_t>(s[i]) / static_cast<std::uint64_t>(divisor));
+        }
       } else {
-        d[i] = static_cast<T>(q);
+        const double q = static_cast<double>(static_cast<std::conditional_t<kHalf<T>, float, T>>(s[i])) /
+                         static_cast<double>(divisor);
+        if constexpr (kHalf<T>) {
+          d[i] = T(static_cast<float>(q));
+        } else {
+          d[i] = static_cast<T>(q);
+        }
       }
     }
   });

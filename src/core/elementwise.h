@@ -4,6 +4,8 @@
 // float32 and round once.
 #pragma once
 
+#include <cstdint>
+
 #include "distribute/tensor.h"
 
 namespace distribute::internal {
@@ -12,9 +14,10 @@ namespace distribute::internal {
 // count (checked by the caller); bool is not numeric and is refused by callers.
 void add_into(const Tensor& dst, const Tensor& src);
 void sub_into(const Tensor& dst, const Tensor& src);
-// A new tensor: every element divided by `divisor`, computed in double and
-// converted back to t's dtype (integers truncate toward zero), as
-// TensorFlow's cast(t / n, dtype).
-Tensor divided(const Tensor& t, double divisor);
+// A new tensor: every element divided by `divisor` (>= 1), as TensorFlow's
+// cast(t / n, dtype): floating point through double (float16 and bfloat16
+// through float), integers exactly, truncating toward zero (TensorFlow goes
+// through double, which rounds large int64 values first).
+Tensor divided(const Tensor& t, std::int64_t divisor);
 
 }  // namespace distribute::internal

@@ -1,6 +1,7 @@
 #include "runtime/mode.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 
 #include "comm/threads/shared_memory_communicator.h"
@@ -26,7 +27,22 @@ std::vector<ModeEntry>& mode_stack() {
   return stack.entries;
 }
 
-bool thread_locals_destroyed() noexcept { return mode_stack_gone; }
+namespace {
+// Set once std::exit has begun running its handlers.
+std::atomic<bool> exit_begun{false};
+}  // namespace
+
+void watch_for_exit() {
+  // Registered once, as the process first enters a scope: exit runs the
+  // handler before destroying the static objects made before that (every
+  // strategy made at static initialisation, before main), and after those
+  // made later.
+  static const bool registered =
+      std::atexit([] { exit_begun.store(true, std::memory_order_relaxed); }) == 0;
+  (void)registered;
+}
+
+bool exiting() noexcept { return mode_stack_gone || exit_begun.load(std::memory_order_relaxed); }
 
 namespace {
 // A one-member group and communicator behind each thread's default replica context.
@@ -211,6 +227,7 @@ StrategyScope Strategy::scope() {
     throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " + get_strategy().describe() +
                                   " is not " + describe());
   }
+  internal::watch_for_exit();
   stack.push_back(internal::ModeEntry{this, this, nullptr, 1, -1});
   return StrategyScope(this, StrategyScope::Kind::kPushed);
 }

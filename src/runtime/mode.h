@@ -48,9 +48,13 @@ std::uint64_t shared_merge_tasks();
 inline const char kMergeTaskMark = 0;
 
 std::vector<ModeEntry>& mode_stack();
-// Whether this thread's mode stack has been destroyed: the thread is ending,
-// or (the main thread) the process is exiting and destroying static objects.
-bool thread_locals_destroyed() noexcept;
+// Whether the process is exiting, as far as can be told: this thread's mode
+// stack has been destroyed (std::exit destroys the calling thread's
+// thread-locals first; or this thread is ending), or exit has run its
+// handlers (watch_for_exit).
+bool exiting() noexcept;
+// Registers the handler behind exiting(), once (Strategy::scope).
+void watch_for_exit();
 // ~Strategy: if `s` is this thread's strategy by experimental_set_strategy,
 // and nothing is entered on top of it, unsets it.
 void unset_global_strategy_if(const Strategy& s) noexcept;

@@ -310,11 +310,11 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
 Strategy::~Strategy() {
   internal::unset_global_strategy_if(*this);
   const int open = state_->open_scopes.load(std::memory_order_acquire);
-  // Not while this thread's thread-locals are gone: std::exit (or a return
-  // from main) is destroying a static strategy. Exit unwinds nothing, so a
-  // scope entered where it was called stays open, and scopes of threads
-  // still running end with the process.
-  if (open > 0 && !internal::thread_locals_destroyed()) {
+  // Not while the process exits (std::exit, or a return from main, destroying
+  // a static strategy): exit unwinds nothing, so a scope entered where it was
+  // called stays open, and scopes of threads still running end with the
+  // process.
+  if (open > 0 && !internal::exiting()) {
     // The open scopes' mode entries would point at freed memory, read by
     // every later get_strategy() on their threads: no exception can leave a
     // destructor, so this ends the program, as destroying a joinable

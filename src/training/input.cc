@@ -312,7 +312,9 @@ DistributedDataset Strategy::distribute_datasets_from_function(
   // Under several workers, dataset_fn failing on one (a file missing on its
   // host) is raised by every worker, not by that one alone while the others
   // wait for it in their first get_next.
-  failure.exchange(*this, "", "distribute_datasets_from_function");
+  // (Its own name: a worker making a dataset while another reads one is a
+  // mismatch, not one call taken for the other.)
+  failure.exchange(*this, "", "distribute_datasets_from_function (making the dataset)");
   return DistributedDataset(std::make_shared<PipelineSource>(*this, std::move(batches)));
 }
 

@@ -164,11 +164,6 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
                                "non-trainable variables. You have specified trainable=True and "
                                "synchronization=VariableSynchronization.ON_READ (variable '" + st->name + "').");
   }
-  if (distributed && options.aggregation == VariableAggregation::kMean && !is_floating(initial_value.dtype())) {
-    throw InvalidArgumentError("creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is "
-                               "not supported, please use a different aggregation or dtype (variable '" + st->name +
-                               "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
-  }
   st->ref.emplace(s);
   st->plain = !distributed;
   st->dtype = initial_value.dtype();
@@ -180,6 +175,14 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
   // from worker 0's.
   Tensor first = initial_value.clone();
   internal::broadcast_from_first_worker(s, first, "variable creation");
+  // After the broadcast, which agrees on the dtype across workers: a check
+  // of the dtype before it would fail on the workers whose dtype it refuses
+  // only, and leave the others waiting in the broadcast.
+  if (distributed && options.aggregation == VariableAggregation::kMean && !is_floating(initial_value.dtype())) {
+    throw InvalidArgumentError("creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is "
+                               "not supported, please use a different aggregation or dtype (variable '" + st->name +
+                               "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
+  }
   for (std::size_t i = 0; i < s.devices().size(); ++i) {
     st->components.push_back((i == 0 ? first : first.clone()).with_device(s.devices()[i]));
   }
@@ -225,10 +228,13 @@ void Variable::check_component(std::size_t i, std::string_view api, const Tensor
                                std::string(to_string(bad.dtype())) + bad.shape().to_string() +
                                "; the component keeps its tensor from before the update");
   }
-  // A replacement the replicas share (an argument every replica received
-  // whole arrives read-only): the component takes a copy of its own, so that
-  // the variable's later writes neither fail nor reach anything else.
-  if (c.is_read_only()) c = c.clone();
+  // A replacement held elsewhere too: read-only (an argument every replica
+  // received whole), or storage someone else also holds (a writable
+  // argument, a tensor fn captured, another variable's component). The
+  // component takes a copy of its own, so that the variable's later writes
+  // neither fail nor reach anything else, and no two components share one
+  // storage. (A fresh result, or the component written in place, is kept.)
+  if (c.is_read_only() || (c.storage() != before.storage() && c.storage().use_count() > 1)) c = c.clone();
   if (const std::string& d = state_->strategy().devices()[i]; c.device() != d) c = c.with_device(d);
 }
 

@@ -635,6 +635,23 @@ inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEn
         &message);
     EXPECT_EQ(kind, "InvalidArgumentError") << message;
     EXPECT_NE(message.find("variable creation"), std::string::npos) << message;
+    // A MEAN variable whose dtype is integer on the last worker only: the
+    // dtypes differ, found by every worker (the MEAN check alone would fail
+    // on the last worker and leave the others waiting).
+    const std::string mean_kind = error_kind(
+        [&] {
+          auto scope = s->scope();
+          const Tensor init = env.worker == env.workers - 1 ? constant(std::vector<int>{0, 0}, Shape{2})
+                                                              : fill(DType::kFloat32, Shape{2}, 0);
+          MirroredVariable bad(init, {.aggregation = VariableAggregation::kMean});
+        },
+        &message);
+    EXPECT_EQ(mean_kind, "InvalidArgumentError") << "worker " << env.worker << ": " << message;
+    EXPECT_NE(message.find("variable creation"), std::string::npos) << message;
+    // Still in step: a variable made alike everywhere.
+    auto scope = s->scope();
+    MirroredVariable good(constant(1.f));
+    EXPECT_EQ(good.values()[0], constant(1.f));
   }
 }
 

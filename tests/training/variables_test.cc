@@ -3,9 +3,12 @@
 #include <distribute/distribute.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "testing/errors.h"
 #include "testing/shared_results.h"
 #include "testing/strategies.h"
 
@@ -385,6 +388,30 @@ TEST(SyncOnReadVariableTest, CrossReplicaAssignOfASumIsSpreadSoTheReadGivesItBac
             std::string::npos);
 }
 
+// Integers are divided exactly, truncating toward zero, with no detour
+// through double (where 2^63 - 1 becomes 2^63, which does not convert back).
+TEST(SyncOnReadVariableTest, CrossReplicaAssignOfAnIntegerSumDividesExactly) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  {
+    auto s = mirrored(1);
+    auto scope = s->scope();
+    SyncOnReadVariable big(constant(std::int64_t{0}), {.aggregation = VariableAggregation::kSum});
+    big.assign(constant(kMax));
+    EXPECT_EQ(big.values()[0].scalar<std::int64_t>(), kMax);
+  }
+  auto s = mirrored(4);
+  auto scope = s->scope();
+  SyncOnReadVariable v(constant(std::int64_t{0}), {.aggregation = VariableAggregation::kSum});
+  v.assign(constant(std::int64_t{-10}));
+  EXPECT_EQ(v.values()[0].scalar<std::int64_t>(), -2);
+  v.assign(constant(kMin));
+  EXPECT_EQ(v.values()[0].scalar<std::int64_t>(), kMin / 4);
+  SyncOnReadVariable u(cast(constant(0), DType::kUInt8), {.aggregation = VariableAggregation::kSum});
+  u.assign(cast(constant(255), DType::kUInt8));
+  EXPECT_EQ(u.values()[0].scalar<std::uint8_t>(), 63);
+}
+
 // Outside any strategy a SyncOnRead variable is a plain variable (one
 // component, aggregation ignored: docs/semantics.md §5.6), as a Keras
 // metric's ON_READ SUM counter outside any strategy is in TensorFlow.
@@ -517,6 +544,56 @@ TEST(VariableUpdate, ACrossReplicaArgumentIsReadOnlyAndAReplacementIsCopied) {
   w.assign_add(constant(1.f));  // written once per component, not three times into one storage
   EXPECT_EQ(components(w), (std::vector<float>{8.f, 8.f, 8.f}));
   EXPECT_EQ(seven, constant(7.f));
+}
+
+// A replacement that is writable but held elsewhere too (each replica's own
+// argument, a tensor fn captured) is copied as well: the components never
+// share storage with it, with another variable or with each other.
+TEST(VariableUpdate, AWritableReplacementHeldElsewhereIsCopied) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable online(constant({1.f, 2.f}));
+  MirroredVariable target(constant({0.f, 0.f}));
+  // In a replica context: "copy online into target", one merge_call.
+  s->run([&](ReplicaContext&) {
+    s->extended().update(target, [](Tensor& c, const Tensor& x) { c = x; }, online.value());
+  });
+  for (std::size_t i = 0; i < target.size(); ++i) {
+    EXPECT_EQ(target.values()[i], constant({1.f, 2.f})) << "component " << i;
+    EXPECT_NE(target.values()[i].raw_data(), online.values()[i].raw_data()) << "component " << i;
+  }
+  online.assign_add(constant({10.f, 10.f}));
+  for (const Tensor& c : target.values()) EXPECT_EQ(c, constant({1.f, 2.f}));
+  // In the cross-replica context, fn installs one captured tensor in every component.
+  Tensor shared = constant({5.f, 5.f});
+  s->extended().update(target, [&](Tensor& c) { c = shared; });
+  for (std::size_t i = 0; i < target.size(); ++i) {
+    EXPECT_NE(target.values()[i].raw_data(), shared.raw_data()) << "component " << i;
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(target.values()[i].raw_data(), target.values()[j].raw_data());
+  }
+  target.assign_add(constant({1.f, 1.f}));  // once per component, not three times into one storage
+  for (const Tensor& c : target.values()) EXPECT_EQ(c, constant({6.f, 6.f}));
+  EXPECT_EQ(shared, constant({5.f, 5.f}));
+  // A component written in place keeps its storage.
+  const void* before = target.values()[1].raw_data();
+  s->extended().update(target, [](Tensor& c) { c.mutable_flat<float>()[0] = 0.f; });
+  EXPECT_EQ(target.values()[1].raw_data(), before);
+}
+
+// A PerReplica argument of the wrong length is refused before any component
+// changes (it used to update the first two of three, then fail on the third).
+TEST(VariableUpdate, ADistributedArgumentOfTheWrongLengthIsRefusedFirst) {
+  auto s = mirrored(3);
+  auto scope = s->scope();
+  MirroredVariable w(constant(1.f));
+  auto set = [](Tensor& c, const Tensor& x) { c.mutable_flat<float>()[0] = x.flat<float>()[0]; };
+  for (std::size_t n : {std::size_t{2}, std::size_t{4}}) {
+    std::vector<Tensor> parts(n, constant(5.f));
+    const std::string msg = testing::error_message<InvalidArgumentError>(
+        [&] { s->extended().update(w, set, PerReplica<Tensor>(parts)); });
+    EXPECT_NE(msg.find("update"), std::string::npos) << msg;
+    EXPECT_EQ(components(w), (std::vector<float>{1.f, 1.f, 1.f})) << n << " components";
+  }
 }
 
 // update(w, fn, w.value()): w.value() views component 0, which fn writes
