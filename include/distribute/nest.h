@@ -196,7 +196,12 @@ class Nest {
         bool first = true;
         for (const auto& [key, child] : dict_items()) {
           s += first ? "'" : ", '";
-          s += key;
+          // A quote or backslash in a key is escaped, so that no two
+          // structures print alike ({"a': *, 'b": x} is not {"a": x, "b": y}).
+          for (const char ch : key) {
+            if (ch == '\'' || ch == '\\') s += '\\';
+            s += ch;
+          }
           s += "': ";
           child.append_structure(s);
           first = false;

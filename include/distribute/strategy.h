@@ -45,8 +45,10 @@ class StrategyRef;
 // Multi-worker strategies: replaces `value` (which must own its storage) on
 // every worker with worker 0's, after the workers agree on its dtype and
 // shape (a mismatch raises the same InvalidArgumentError on every worker).
-// One worker: does nothing.
-void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
+// A worker that passes `local_error` (its own refusal of the value) makes
+// every worker raise it, naming that worker. One worker: does nothing.
+void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api,
+                                 const Error* local_error = nullptr);
 // Multi-worker strategies: every worker's `payload`, in worker order (a
 // collective). One worker: {payload}. A worker that passes `local_error`
 // (found before the call) makes every worker raise it, instead of leaving
@@ -283,7 +285,8 @@ class Strategy {
   friend class StrategyExtended;
   friend class ReplicaContext;
   friend class internal::StrategyRef;
-  friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api);
+  friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api,
+                                                    const Error* local_error);
   friend std::vector<std::string> internal::exchange_across_workers(Strategy& s, std::string payload,
                                                                     std::string_view api, const Error* local_error);
   // Reduces one component per local replica (same dtype and shape, agreed by

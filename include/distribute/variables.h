@@ -139,7 +139,8 @@ class Variable {
   Tensor& mutable_component(std::size_t i);
   // Throws if component i lost its dtype or shape (an update fn replaced
   // it), putting back `before` (the component's tensor before the fn).
-  void check_component(std::size_t i, std::string_view api, const Tensor& before);
+  // `returned`: fn's result, which may hold the component's new storage too.
+  void check_component(std::size_t i, std::string_view api, const Tensor& before, const Tensor* returned = nullptr);
 
  protected:
   Variable(const Tensor& initial_value, VariableOptions options, VariableSynchronization required);
@@ -213,8 +214,13 @@ auto update_variable_components(Variable& var, Fn& fn, const Args&... given) {
     out.reserve(var.size());
     for (std::size_t i = 0; i < var.size(); ++i) {
       const Tensor before = var.values()[i];
-      out.push_back(one(i, before));
-      var.check_component(i, "update", before);
+      R result = one(i, before);
+      if constexpr (std::is_same_v<R, Tensor>) {
+        var.check_component(i, "update", before, &result);  // fn may return the component it installed
+      } else {
+        var.check_component(i, "update", before);
+      }
+      out.push_back(std::move(result));
     }
     return Mirrored<R>(std::move(out));
   }

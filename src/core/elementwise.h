@@ -15,9 +15,10 @@ namespace distribute::internal {
 void add_into(const Tensor& dst, const Tensor& src);
 void sub_into(const Tensor& dst, const Tensor& src);
 // A new tensor: every element divided by `divisor` (>= 1), as TensorFlow's
-// cast(t / n, dtype): floating point through double (float16 and bfloat16
-// through float), integers exactly, truncating toward zero (TensorFlow goes
-// through double, which rounds large int64 values first).
+// cast(t / n, dtype): floating point divided in double and rounded back to
+// the dtype (float16 and bfloat16 through float), integers exactly,
+// truncating toward zero (TensorFlow divides int32 and int64 in double,
+// which rounds large int64 values first).
 Tensor divided(const Tensor& t, std::int64_t divisor);
 
 }  // namespace distribute::internal

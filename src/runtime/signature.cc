@@ -246,7 +246,20 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
       throw InvalidArgumentError(msg);
     }
   }
-  // 4. Leaves: dtype and shape, one by one.
+  // 4. Leaves: how many (equal structures give equal counts, so this is a
+  // last guard before each leaf is read), then dtype and shape, one by one.
+  {
+    std::vector<std::string> counts;
+    bool differ = false;
+    for (const auto& s : sigs) {
+      counts.push_back(std::to_string(s.leaves.size()));
+      differ |= s.leaves.size() != s0.leaves.size();
+    }
+    if (differ) {
+      throw InvalidArgumentError(label + ": the " + members + " passed different numbers of tensors (" +
+                                 describe_values(counts, first, member) + ").");
+    }
+  }
   for (std::size_t i = 0; i < s0.leaves.size(); ++i) {
     const std::string name = leaf_name ? leaf_name(i) : std::string();
     const std::string what = name.empty() ? std::string("the value") : "value " + name;

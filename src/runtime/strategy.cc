@@ -232,11 +232,12 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
   return sigs;
 }
 
-void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api) {
+void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api, const Error* local_error) {
   StrategyState& st = *s.state_;
-  if (st.workers == nullptr || st.workers->size() == 1) return;
+  if (st.workers == nullptr || st.workers->size() == 1) return;  // (the caller raises its own error)
   Signature sig;
   sig.op = std::string(api);
+  if (local_error != nullptr) sig.set_error(*local_error);
   sig.leaves.push_back({value.dtype(), value.shape().dims()});
   std::lock_guard<std::recursive_mutex> lock(st.worker_mutex);
   agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0);

@@ -145,25 +145,45 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
   Strategy& s = get_strategy();
   const bool distributed = !is_default_strategy(s);
   VariableSynchronization sync = options.synchronization;
-  if (required != VariableSynchronization::kAuto && sync != VariableSynchronization::kAuto && sync != required) {
-    throw InvalidArgumentError(std::string(required == VariableSynchronization::kOnRead ? "SyncOnReadVariable"
-                                                                                         : "MirroredVariable") +
-                               " '" + st->name + "' needs synchronization " + std::string(to_string(required)) +
-                               " (or AUTO), not " + std::string(to_string(sync)));
+  bool trainable = false;
+  // The checks of the options and dtype. Under several workers one worker's
+  // refusal is carried into the creation broadcast, so that every worker
+  // raises it: a worker that raised it alone would leave the others waiting
+  // in the broadcast.
+  std::optional<InvalidArgumentError> refused;
+  try {
+    if (required != VariableSynchronization::kAuto && sync != VariableSynchronization::kAuto && sync != required) {
+      throw InvalidArgumentError(std::string(required == VariableSynchronization::kOnRead ? "SyncOnReadVariable"
+                                                                                           : "MirroredVariable") +
+                                 " '" + st->name + "' needs synchronization " + std::string(to_string(required)) +
+                                 " (or AUTO), not " + std::string(to_string(sync)));
+    }
+    if (sync == VariableSynchronization::kAuto) {
+      sync = required == VariableSynchronization::kAuto ? VariableSynchronization::kOnWrite : required;
+    }
+    if (sync == VariableSynchronization::kNone && distributed) {
+      throw InvalidArgumentError("`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
+                                 "Please change the `synchronization` for variable: " + st->name);
+    }
+    trainable = options.trainable.value_or(sync != VariableSynchronization::kOnRead);
+    if (trainable && sync == VariableSynchronization::kOnRead) {
+      throw InvalidArgumentError("Synchronization value can be set to VariableSynchronization.ON_READ only for "
+                                 "non-trainable variables. You have specified trainable=True and "
+                                 "synchronization=VariableSynchronization.ON_READ (variable '" + st->name + "').");
+    }
+    if (distributed && options.aggregation == VariableAggregation::kMean && !is_floating(initial_value.dtype())) {
+      throw InvalidArgumentError("creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is "
+                                 "not supported, please use a different aggregation or dtype (variable '" + st->name +
+                                 "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
+    }
+  } catch (const InvalidArgumentError& e) {
+    refused = e;
   }
-  if (sync == VariableSynchronization::kAuto) {
-    sync = required == VariableSynchronization::kAuto ? VariableSynchronization::kOnWrite : required;
-  }
-  if (sync == VariableSynchronization::kNone && distributed) {
-    throw InvalidArgumentError("`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
-                               "Please change the `synchronization` for variable: " + st->name);
-  }
-  const bool trainable = options.trainable.value_or(sync != VariableSynchronization::kOnRead);
-  if (trainable && sync == VariableSynchronization::kOnRead) {
-    throw InvalidArgumentError("Synchronization value can be set to VariableSynchronization.ON_READ only for "
-                               "non-trainable variables. You have specified trainable=True and "
-                               "synchronization=VariableSynchronization.ON_READ (variable '" + st->name + "').");
-  }
+  // Every component starts from replica 0's value; under several workers,
+  // from worker 0's.
+  Tensor first = initial_value.clone();
+  internal::broadcast_from_first_worker(s, first, "variable creation", refused ? &*refused : nullptr);
+  if (refused) throw *refused;  // (one worker: the broadcast did nothing)
   st->ref.emplace(s);
   st->plain = !distributed;
   st->dtype = initial_value.dtype();
@@ -171,18 +191,6 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
   st->synchronization = sync;
   st->aggregation = options.aggregation;
   st->trainable = trainable;
-  // Every component starts from replica 0's value; under several workers,
-  // from worker 0's.
-  Tensor first = initial_value.clone();
-  internal::broadcast_from_first_worker(s, first, "variable creation");
-  // After the broadcast, which agrees on the dtype across workers: a check
-  // of the dtype before it would fail on the workers whose dtype it refuses
-  // only, and leave the others waiting in the broadcast.
-  if (distributed && options.aggregation == VariableAggregation::kMean && !is_floating(initial_value.dtype())) {
-    throw InvalidArgumentError("creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is "
-                               "not supported, please use a different aggregation or dtype (variable '" + st->name +
-                               "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
-  }
   for (std::size_t i = 0; i < s.devices().size(); ++i) {
     st->components.push_back((i == 0 ? first : first.clone()).with_device(s.devices()[i]));
   }
@@ -217,7 +225,7 @@ void Variable::check_strategy(const Strategy& s, std::string_view api) const {
 
 Tensor& Variable::mutable_component(std::size_t i) { return state_->components.at(i); }
 
-void Variable::check_component(std::size_t i, std::string_view api, const Tensor& before) {
+void Variable::check_component(std::size_t i, std::string_view api, const Tensor& before, const Tensor* returned) {
   Tensor& c = state_->components.at(i);
   if (c.dtype() != state_->dtype || c.shape() != state_->shape) {
     const Tensor bad = c;
@@ -233,8 +241,12 @@ void Variable::check_component(std::size_t i, std::string_view api, const Tensor
   // argument, a tensor fn captured, another variable's component). The
   // component takes a copy of its own, so that the variable's later writes
   // neither fail nor reach anything else, and no two components share one
-  // storage. (A fresh result, or the component written in place, is kept.)
-  if (c.is_read_only() || (c.storage() != before.storage() && c.storage().use_count() > 1)) c = c.clone();
+  // storage. (A fresh result, or the component written in place, is kept;
+  // so is one that fn also returns, which then views the variable.)
+  const std::shared_ptr<std::byte>& mine = c.storage();
+  const bool returned_too = returned != nullptr && mine != nullptr && !returned->storage().owner_before(mine) &&
+                            !mine.owner_before(returned->storage());
+  if (c.is_read_only() || (mine != before.storage() && mine.use_count() > (returned_too ? 2 : 1))) c = c.clone();
   if (const std::string& d = state_->strategy().devices()[i]; c.device() != d) c = c.with_device(d);
 }
 

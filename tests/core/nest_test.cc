@@ -115,6 +115,12 @@ TEST(NestTest, StructureString) {
   EXPECT_EQ(N::tuple({}).structure_string(), "()");
   EXPECT_EQ(N().structure_string(), "[]");
   EXPECT_EQ(N::dict({}).structure_string(), "{}");
+  // A quote or backslash in a key is escaped: no two structures print alike.
+  const N quoted = N::dict({{"a': *, 'b", 1}, {"c", 2}});
+  const N plain = N::dict({{"a", 1}, {"b': *, 'c", 2}});
+  EXPECT_EQ(quoted.structure_string(), "{'a\\': *, \\'b': *, 'c': *}");
+  EXPECT_NE(quoted.structure_string(), plain.structure_string());
+  EXPECT_EQ(N::dict({{"x\\y", 1}}).structure_string(), "{'x\\\\y': *}");
 }
 
 TEST(NestTest, DuplicateDictKeyThrows) {

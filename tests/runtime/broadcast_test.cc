@@ -209,6 +209,26 @@ TEST(BroadcastTest, ArgumentErrorsAreRaisedAlikeOnEveryReplica) {
                                                 : Nest<Tensor>::list({constant(1.f), constant(2.f)}));
                    }),
                "the replicas passed different structure");
+  // Dict keys that hold a quote: {"a': *, 'b": x, "c": y} printed as
+  // {'a': *, 'b': *, 'c': *} without escaping, as {"a": x, "b': *, 'c": y}
+  // did; with a different number of leaves, leaf 1 was read past the end
+  // of one replica's list. Every collective refuses both, alike everywhere.
+  auto tricky = [](int replica) {
+    using N = Nest<Tensor>;
+    if (replica == 0) return N::dict({{"a': *, 'b", N(constant({1.f}))}, {"c", N(constant({2.f}))}});
+    if (replica == 1) return N::dict({{"a", N(constant({1.f}))}, {"b': *, 'c", N(constant({2.f}))}});
+    return N::dict({{"a", N(constant({1.f}))}, {"b", N(constant({2.f}))}, {"c", N(constant({3.f}))}});
+  };
+  for (const int kind : {0, 1, 2}) {
+    expect_alike(errors_on_every_replica<InvalidArgumentError>(*s, n,
+                                                               [&](ReplicaContext& ctx) {
+                                                                 const Nest<Tensor> v = tricky(id(ctx));
+                                                                 if (kind == 0) ctx.broadcast(v);
+                                                                 if (kind == 1) ctx.all_reduce(ReduceOp::kSum, v);
+                                                                 if (kind == 2) ctx.all_gather(v, 0);
+                                                               }),
+                 "the replicas passed different structure");
+  }
   // Another collective on one replica.
   expect_alike(errors_on_every_replica<FailedPreconditionError>(*s, n,
                                                                 [&](ReplicaContext& ctx) {

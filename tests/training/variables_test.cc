@@ -578,6 +578,15 @@ TEST(VariableUpdate, AWritableReplacementHeldElsewhereIsCopied) {
   const void* before = target.values()[1].raw_data();
   s->extended().update(target, [](Tensor& c) { c.mutable_flat<float>()[0] = 0.f; });
   EXPECT_EQ(target.values()[1].raw_data(), before);
+  // A fresh tensor that fn installs and returns is not copied: the result
+  // views the variable, as a component written in place and returned does.
+  const Mirrored<Tensor> returned = s->extended().update(target, [](Tensor& c) {
+    c = constant({3.f, 4.f});
+    return c;
+  });
+  for (std::size_t i = 0; i < target.size(); ++i) {
+    EXPECT_EQ(returned.values()[i].raw_data(), target.values()[i].raw_data()) << "component " << i;
+  }
 }
 
 // A PerReplica argument of the wrong length is refused before any component
