@@ -305,12 +305,16 @@ class Strategy {
   void reduce_exact_mean(const internal::Pack& pack, const std::vector<const std::vector<Tensor>*>& values,
                          std::int64_t divisor, const CommunicationOptions& options, std::vector<Tensor>& out);
   Tensor reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes);
-  // Checks the components of a cross-replica collective (count, dtype, shape);
-  // with several workers, the workers then agree on them, so a bad argument
-  // raises the same error on every worker instead of leaving the others waiting.
-  void check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op);
+  // Checks the components of a cross-replica collective (count, dtype, shape)
+  // and its options (the strategy's merged with the call's); with several
+  // workers, the workers then agree on them, within the options' timeout, so
+  // a bad argument raises the same error on every worker instead of leaving
+  // the others waiting.
+  void check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op,
+                       const CommunicationOptions& options);
   // The same for several values in one agreement; messages name "value k".
-  void check_and_agree_batch(const std::vector<const std::vector<Tensor>*>& values, std::string_view api, ReduceOp op);
+  void check_and_agree_batch(const std::vector<const std::vector<Tensor>*>& values, std::string_view api, ReduceOp op,
+                             const CommunicationOptions& options);
   // The scopes of this strategy entered and not yet left, on every thread
   // (StrategyScope counts them); the destructor checks there are none.
   void count_scope(int delta) noexcept;

@@ -1,6 +1,7 @@
 #include "distribute/options.h"
 
 #include <cctype>
+#include <cstdio>
 #include <string>
 
 #include "distribute/errors.h"
@@ -8,6 +9,12 @@
 
 namespace distribute {
 namespace {
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
+
 std::string upper(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -47,9 +54,10 @@ void CommunicationOptions::validate() const {
     throw InvalidArgumentError("Argument `bytes_per_pack` must be >=0, Received " + std::to_string(bytes_per_pack) +
                                ".");
   }
-  if (timeout && timeout->count() < 0) {
-    throw InvalidArgumentError("Argument `timeout` must be >= 0 seconds (0 disables it), Received " +
-                               std::to_string(timeout->count()) + ".");
+  if (timeout && !(timeout->count() >= 0)) {  // (NaN fails this too)
+    throw InvalidArgumentError(
+        "Argument `timeout` must be a number of seconds >= 0 (0 or infinity: no limit), Received " +
+        seconds_text(timeout->count()) + ".");
   }
   switch (implementation) {
     case CommunicationImplementation::kAuto:

@@ -16,6 +16,7 @@
 #include "comm/threads/shared_memory_communicator.h"
 #include "core/axis_reduce.h"
 #include "core/reduce_kernels.h"
+#include "core/seconds.h"
 #include "core/storage.h"
 #include "core/whole_number.h"
 #include "distribute/mirrored_strategy.h"
@@ -115,12 +116,12 @@ std::string describe_exception(const std::exception_ptr& e) {
 double env_seconds(const char* name) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  if (end == text || *end != '\0' || v < 0 || !std::isfinite(v)) {
-    throw InvalidArgumentError(std::string(name) + "='" + text + "' is not a number of seconds >= 0");
+  const std::optional<double> seconds = parse_seconds(text);
+  if (!seconds) {
+    throw InvalidArgumentError(std::string(name) + "='" + text +
+                               "' is not a number of seconds >= 0 (decimal digits, or inf for no limit)");
   }
-  return v;
+  return *seconds;
 }
 
 std::size_t checked_engine_settings() {
@@ -433,16 +434,22 @@ void check_same_dtype_and_shape(const std::vector<Tensor>& components, std::stri
 }
 }  // namespace
 
-void Strategy::check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op) {
-  check_and_agree_batch({&components}, api, op);
+void Strategy::check_and_agree(const std::vector<Tensor>& components, std::string_view api, ReduceOp op,
+                               const CommunicationOptions& options) {
+  check_and_agree_batch({&components}, api, op, options);
 }
 
 void Strategy::check_and_agree_batch(const std::vector<const std::vector<Tensor>*>& values, std::string_view api,
-                                     ReduceOp op) {
+                                     ReduceOp op, const CommunicationOptions& options) {
   internal::Signature sig;
   sig.op = std::string(api);
   sig.fields = {{"reduce op", std::string(to_string(op))}, {"values", std::to_string(values.size())}};
-  for (std::size_t k = 0; k < values.size(); ++k) {
+  try {
+    options.validate();
+  } catch (const Error& e) {
+    sig.set_error(e);
+  }
+  for (std::size_t k = 0; k < values.size() && !sig.error_code; ++k) {
     const std::vector<Tensor>& components = *values[k];
     try {
       internal::check_components(components.size(), *this, api);
@@ -454,7 +461,7 @@ void Strategy::check_and_agree_batch(const std::vector<const std::vector<Tensor>
     }
   }
   std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
-  internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kEqual, 0);
+  internal::agree_workers(*state_, options, sig, internal::ShapeRule::kEqual, 0);
 }
 
 Tensor Strategy::reduce_components(ReduceOp op, const std::vector<Tensor>& components,
@@ -601,7 +608,7 @@ Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optio
   require_cross_replica_or_default("reduce");
   if (axis) return reduce_along_axes(op, value.values(), {*axis});
   std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
-  check_and_agree(value.values(), "reduce", op);
+  check_and_agree(value.values(), "reduce", op, options_);
   return reduce_components(op, value.values(), options_, 0);
 }
 
@@ -788,9 +795,8 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const PerReplica<Tenso
                                              const Destinations& destinations, const CommunicationOptions& options) {
   strategy_->require_cross_replica_or_default("reduce_to");
   const CommunicationOptions merged = strategy_->options_.merge(options);
-  merged.validate();
   std::lock_guard<std::recursive_mutex> lock(strategy_->state_->worker_mutex);
-  strategy_->check_and_agree(value.values(), "reduce_to", op);
+  strategy_->check_and_agree(value.values(), "reduce_to", op, merged);
   return place_on(*strategy_, strategy_->reduce_components(op, value.values(), merged, 0), destinations.devices(),
                   /*fresh=*/true);
 }
@@ -817,15 +823,17 @@ std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
     const CommunicationOptions& options) {
   strategy_->require_cross_replica_or_default("batch_reduce_to");
   const CommunicationOptions merged = strategy_->options_.merge(options);
-  merged.validate();
   std::vector<Mirrored<Tensor>> out;
-  if (value_destination_pairs.empty()) return out;
+  if (value_destination_pairs.empty()) {
+    merged.validate();
+    return out;
+  }
   std::vector<const std::vector<Tensor>*> values;
   values.reserve(value_destination_pairs.size());
   for (const auto& pair : value_destination_pairs) values.push_back(&pair.first.values());
   // One agreement and one reduction per pack, for the whole batch.
   std::lock_guard<std::recursive_mutex> lock(strategy_->state_->worker_mutex);
-  strategy_->check_and_agree_batch(values, "batch_reduce_to", op);
+  strategy_->check_and_agree_batch(values, "batch_reduce_to", op, merged);
   std::vector<Tensor> reduced = strategy_->reduce_components_batch(op, values, merged, 0);
   out.reserve(reduced.size());
   for (std::size_t k = 0; k < reduced.size(); ++k) {

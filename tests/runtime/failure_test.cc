@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -273,7 +274,7 @@ TEST(FailureTest, AChangeAfterAgreeingCallsIsStillSeen) {
        [&](ReplicaContext& ctx, bool changed) {
          return ctx.all_reduce(ReduceOp::kSum, floats, changed ? bad_timeout : CommunicationOptions{});
        },
-       "all_reduce #4 on replica 1: Argument `timeout` must be >= 0 seconds", false},
+       "all_reduce #4 on replica 1: Argument `timeout` must be a number of seconds >= 0", false},
       {"all_gather axis",
        [&](ReplicaContext& ctx, bool changed) { return ctx.all_gather(floats_2x3, changed ? 1 : 0); }, "axis"},
       {"all_gather shape",
@@ -290,7 +291,7 @@ TEST(FailureTest, AChangeAfterAgreeingCallsIsStillSeen) {
        [&](ReplicaContext& ctx, bool changed) {
          return ctx.all_gather(floats_2x3, 0, changed ? bad_timeout : CommunicationOptions{});
        },
-       "all_gather #4 on replica 1: Argument `timeout` must be >= 0 seconds", false},
+       "all_gather #4 on replica 1: Argument `timeout` must be a number of seconds >= 0", false},
   };
   const std::vector<bool> steps = {false, false, true, true, false};
   for (const Case& c : cases) {
@@ -396,6 +397,76 @@ TEST(FailureTest, TimeoutFromEnvironmentAndStallWarning) {
   EXPECT_NE(err.find("replica(s) 1 have not joined it"), std::string::npos) << err;
   EXPECT_EQ(outcomes[0].type, "DeadlineExceededError");
   EXPECT_NE(outcomes[0].message.find("replica(s) 1 did not arrive"), std::string::npos);
+}
+
+// Any timeout from 0 up to infinity is a timeout (infinity, and anything
+// past the clock's range, waits for ever): 1e10 s and inf used to overflow
+// the deadline into the past and time out at once, and so did a huge
+// stall-warning period (it warned at once).
+TEST(FailureTest, HugeAndInfiniteTimeoutsWaitInsteadOfFailingAtOnce) {
+  for (const double seconds : {1e10, 9.3e9, 1e300, std::numeric_limits<double>::infinity()}) {
+    auto s = testing::mirrored(2, {.timeout = std::chrono::duration<double>(seconds)});
+    const testing::ScopedEnv stall("DISTRIBUTE_STALL_WARNING_SECONDS", "1e12");
+    ::testing::internal::CaptureStderr();
+    auto r = s->run([](ReplicaContext& ctx) {
+      if (ctx.replica_id_in_sync_group() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      return ctx.all_reduce(ReduceOp::kSum, constant(1));
+    });
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << seconds;
+    EXPECT_EQ(r[0], constant(2)) << seconds;
+  }
+  for (const char* text : {"inf", "infinity", "1e10", "1e400"}) {
+    const testing::ScopedEnv env("DISTRIBUTE_COLLECTIVE_TIMEOUT", text);
+    auto s = testing::mirrored(2);
+    auto r = s->run([](ReplicaContext& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      return ctx.all_reduce(ReduceOp::kSum, constant(1));
+    });
+    EXPECT_EQ(r[1], constant(2)) << text;
+  }
+}
+
+TEST(FailureTest, ANaNTimeoutIsRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto msg = testing::expect_throw<InvalidArgumentError>(
+      [&] { MirroredStrategy s({"CPU:0"}, {.timeout = std::chrono::duration<double>(nan)}); });
+  EXPECT_NE(msg.find("Argument `timeout` must be a number of seconds >= 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Received nan"), std::string::npos) << msg;
+  auto s = testing::mirrored(2);
+  auto [outcomes, from_run] = run_and_record(*s, [&](ReplicaContext& ctx) {
+    ctx.all_reduce(ReduceOp::kSum, constant(1), {.timeout = std::chrono::duration<double>(nan)});
+  });
+  EXPECT_EQ(from_run.type, "InvalidArgumentError");
+  EXPECT_NE(from_run.message.find("Received nan"), std::string::npos) << from_run.message;
+  const auto per_replica = s->run([](ReplicaContext&) { return constant(1.f); });
+  EXPECT_THROW(s->extended().reduce_to(ReduceOp::kSum, per_replica, Destinations("CPU:0"),
+                                       {.timeout = std::chrono::duration<double>(nan)}),
+               InvalidArgumentError);
+  EXPECT_THROW(s->extended().batch_reduce_to(ReduceOp::kSum, {{per_replica, Destinations("CPU:0")}},
+                                             {.timeout = std::chrono::duration<double>(-1)}),
+               InvalidArgumentError);
+}
+
+// Settings are read strictly: what strtod would take (space before, a hex
+// number, a NaN) is refused with the setting's name and text.
+TEST(FailureTest, TimeoutSettingsAreParsedStrictly) {
+  for (const char* text : {" 5", "5 ", "0x10", "+5", "-0", "nan", "5s", "1,5", ""}) {
+    const testing::ScopedEnv env("DISTRIBUTE_COLLECTIVE_TIMEOUT", text);
+    if (*text == '\0') {  // empty: unset
+      EXPECT_NO_THROW(MirroredStrategy({"CPU:0"}));
+      continue;
+    }
+    const std::string msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0"}); });
+    EXPECT_NE(msg.find("DISTRIBUTE_COLLECTIVE_TIMEOUT='" + std::string(text) + "' is not a number of seconds >= 0"),
+              std::string::npos)
+        << msg;
+  }
+  for (const char* text : {"0", "0.25", "5", "1e3", "inf"}) {
+    const testing::ScopedEnv env("DISTRIBUTE_STALL_WARNING_SECONDS", text);
+    EXPECT_NO_THROW(MirroredStrategy({"CPU:0"})) << text;
+  }
+  const testing::ScopedEnv env("DISTRIBUTE_STALL_WARNING_SECONDS", "0x10");
+  EXPECT_THROW(MirroredStrategy({"CPU:0"}), InvalidArgumentError);
 }
 
 TEST(FailureTest, BadEnvironmentValueIsAClearError) {

@@ -511,6 +511,44 @@ inline void LateWorkerTimesOutEverywhere(const WorkerEnv& env) {
   }
 }
 
+// A per-call timeout bounds a cross-replica call across workers, the
+// workers' agreement included: a strategy without a timeout, one worker
+// late, and reduce_to / batch_reduce_to with a timeout of their own fail on
+// time (the agreement used the strategy's options only, and waited for ever).
+// The link between the workers is failed after (a timeout closes it), so one
+// call per case.
+inline void expect_per_call_timeout_bounds_agreement(const WorkerEnv& env, bool batch) {
+  if (env.workers < 2) return;
+  auto s = env.make(env.local_replicas, {.timeout = std::chrono::duration<double>(0)});
+  const PerReplica<Tensor> value = s->run([](ReplicaContext&) { return constant(1.f); });
+  const bool late = env.worker == env.workers - 1;
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const CommunicationOptions per_call{.timeout = std::chrono::duration<double>(0.3)};
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string kind = error_kind(
+      [&] {
+        if (batch) {
+          s->extended().batch_reduce_to(ReduceOp::kSum, {{value, Destinations("CPU:0")}}, per_call);
+        } else {
+          s->extended().reduce_to(ReduceOp::kSum, value, Destinations("CPU:0"), per_call);
+        }
+      },
+      &message);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(kind, "DeadlineExceededError") << message;
+  EXPECT_NE(message.find("timed out"), std::string::npos) << message;
+  if (!late) {
+    EXPECT_LT(seconds, 0.3 + 1.0) << message;
+  }
+}
+inline void APerCallTimeoutBoundsReduceToAcrossWorkers(const WorkerEnv& env) {
+  expect_per_call_timeout_bounds_agreement(env, false);
+}
+inline void APerCallTimeoutBoundsBatchReduceToAcrossWorkers(const WorkerEnv& env) {
+  expect_per_call_timeout_bounds_agreement(env, true);
+}
+
 inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
   if (env.workers < 2) return;
   std::string message;
@@ -953,6 +991,8 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(MergeFnThrowingOnOneWorkerAbortsTheOthers) \
   X(ReplicaThrowsAbortsEveryWorker)             \
   X(LateWorkerTimesOutEverywhere)               \
+  X(APerCallTimeoutBoundsReduceToAcrossWorkers) \
+  X(APerCallTimeoutBoundsBatchReduceToAcrossWorkers) \
   X(UnequalLocalReplicaCountsAreRejected)      \
   X(AWorkerWithBadArgumentsFailsEveryWorkerAtOnce) \
   X(AWorkerWhoseStrategyFailsLateFailsEveryWorkerAtOnce) \

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/reduce_kernels.h"
+#include "core/seconds.h"
 #include "core/storage.h"
 #include "core/whole_number.h"
 
@@ -325,10 +326,8 @@ void MpiCommunicator::release(MPI_Request* requests, int count, int receives, Ar
 template <class Done>
 void MpiCommunicator::poll(const CollectiveCall& call, Done&& done) {
   const Clock::time_point start = Clock::now();
-  const bool bounded = call.timeout_seconds > 0;
-  const Clock::time_point deadline =
-      bounded ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(call.timeout_seconds))
-              : Clock::time_point::max();
+  const Clock::time_point deadline = deadline_after(start, call.timeout_seconds);
+  const bool bounded = deadline != Clock::time_point::max();
   bool yielding = false;
   for (unsigned polls = 0;; ++polls) {
     // A call that completes has completed on every rank's inputs, even if a

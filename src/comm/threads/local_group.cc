@@ -10,16 +10,14 @@
 #include <sstream>
 #include <thread>
 
+#include "core/seconds.h"
 #include "core/whole_number.h"
 
 namespace distribute::internal {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-Clock::time_point after(Clock::time_point start, double seconds) {
-  if (seconds <= 0) return Clock::time_point::max();
-  return start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
+Clock::time_point after(Clock::time_point start, double seconds) { return deadline_after(start, seconds); }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
