@@ -45,6 +45,10 @@ struct CollectiveCall {
   // (inputs untouched, nothing left in flight; see all_gather_v for its
   // output) and the runtime exchanges full signatures to say what differs.
   std::uint64_t signature_tag = 0;
+  // The first call of a new session of the group's user (the meeting of a
+  // strategy built on it): a member that ended its last session
+  // (end_session) just before this call is where it should be.
+  bool starts_session = false;
 };
 
 namespace internal {
@@ -142,6 +146,15 @@ class Communicator {
   // Fails the group: every pending and later call on every rank throws an
   // error of `code` with `message`, until the group is reset by its owner.
   virtual void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept = 0;
+  // This rank's user is done with the group for now (a strategy built on it
+  // was destroyed; `why` says so): another rank that is in, or enters, a
+  // call this rank did not make raises FailedPreconditionError naming this
+  // rank and `why` at once, instead of waiting for it; one that starts a new
+  // session (CollectiveCall::starts_session) after the same calls is where it
+  // should be. A backend between processes also says so on its own when its
+  // process ends or the communicator is destroyed. The default does nothing:
+  // the threads of one process see a replica return on their own.
+  virtual void end_session(std::string_view why) noexcept { static_cast<void>(why); }
 };
 
 }  // namespace distribute

@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "comm/hierarchical/hierarchical_communicator.h"
 #include "core/recent_answers.h"
 #include "runtime/runtime_util.h"
 
@@ -198,9 +199,18 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
   } else {
     payload = "R" + std::to_string(local_replicas);
   }
+  constexpr std::string_view kMeeting = "MultiWorkerMirroredStrategy()";
   CollectiveCall call;
-  call.op = "MultiWorkerMirroredStrategy()";
+  call.op = kMeeting;
   call.sequence = 0;
+  // A session of the workers' link begins here: a worker that destroyed its
+  // last strategy just before is where it should be.
+  call.starts_session = true;
+  // Tagged like any collective, so that a worker still in a collective of a
+  // strategy of its own meets a mismatch here, not a payload it misreads.
+  Signature meeting;
+  meeting.op = std::string(kMeeting);
+  call.signature_tag = meeting.tag(/*with_leaves=*/false);
   if (options.timeout && options.timeout->count() >= 0) {  // (a NaN fails this too)
     call.timeout_seconds = options.timeout->count();       // 0: wait for ever, as the options say
   } else {
@@ -215,7 +225,25 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
   std::vector<std::string> all;
   try {
     met = true;
-    all = workers.exchange(std::move(payload), call);
+    try {
+      all = workers.exchange(std::move(payload), call);
+    } catch (const SignatureMismatch&) {
+      // Another worker is in a collective of a strategy it still has (this
+      // worker made a new one early): say which call this is, as that
+      // collective does after a mismatch (one signature per local replica),
+      // and raise what the check finds on every worker (a collective
+      // mismatch, naming the replicas in each call).
+      call.signature_tag = 0;
+      const std::vector<std::string> explained = workers.exchange(
+          encode_payload_list(std::vector<std::string>(std::max<std::size_t>(local_replicas, 1), meeting.encode())),
+          call);
+      std::vector<Signature> sigs;
+      for (const std::string& p : explained) {
+        for (const std::string& one : decode_payload_list(p)) sigs.push_back(Signature::decode(one));
+      }
+      check_signatures(sigs, 0, ShapeRule::kEqual, 0, nullptr);
+      throw InternalError(std::string(kMeeting) + ": the workers' tags differ but their calls agree");
+    }
   } catch (...) {
     if (local_error) std::rethrow_exception(local_error);  // the cause, rather than its echo
     throw;
@@ -322,6 +350,10 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup 
   }
 }  // (the handler rethrows)
 
-MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
+MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() {
+  // The other workers stop waiting for this one in the collectives of this
+  // strategy; a worker that makes its next strategy is unaffected.
+  if (workers_ != nullptr) workers_->end_session("its MultiWorkerMirroredStrategy was destroyed");
+}
 
 }  // namespace distribute

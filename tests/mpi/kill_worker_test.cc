@@ -1,13 +1,14 @@
 // A worker killed with SIGKILL in the middle of a collective: the survivors
-// must end with an error within the timeout, not hang. Run by
-// tests/mpi/kill_worker.sh under `mpirun --enable-recovery` (without it,
-// mpirun kills the whole job when one process dies).
+// must end with an error within about a second, with no timeout set, not
+// hang. Run by tests/mpi/kill_worker.sh under `mpirun --enable-recovery`
+// (without it, mpirun kills the whole job when one process dies).
 //
 // Every worker loops on all_reduce of 1 MiB; the last worker's helper thread
-// kills its own process 300 ms in. Each survivor prints one line
+// kills its own process 300 ms in. The survivors share its host, so they
+// watch its process (a pidfd) and find it gone. Each survivor prints one line
 //   SURVIVED rank R: <error> after S s
-// if it ended with a typed error (DeadlineExceededError, UnavailableError or
-// AbortedError) within timeout + slack, and exits at once (_exit: MPI_Finalize
+// if it ended with UnavailableError (or AbortedError, from another survivor
+// that saw it first) within kLimitSeconds, and exits at once (_exit: MPI_Finalize
 // could wait for the dead process).
 #include <distribute/distribute.h>
 #include <distribute/mpi.h>
@@ -23,10 +24,10 @@
 using namespace distribute;
 
 int main() {
-  constexpr double kTimeoutSeconds = 3;
-  constexpr double kSlackSeconds = 10;  // 2 oversubscribed cores
-  CommunicationOptions options;
-  options.timeout = std::chrono::duration<double>(kTimeoutSeconds);
+  // The death is seen within 10 ms, then given 100 ms to deliver what it
+  // sent; the rest is slack for 2 oversubscribed cores.
+  constexpr double kLimitSeconds = 0.3 + 2.0;
+  CommunicationOptions options;  // no timeout
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   if (link == nullptr) {
     std::fprintf(stderr, "kill_worker_test: run me under mpirun\n");
@@ -61,9 +62,8 @@ int main() {
     std::printf("rank %d: the loop ended without an error\n", rank);
   } catch (const Error& e) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const bool typed = e.code() == ErrorCode::kDeadlineExceeded || e.code() == ErrorCode::kUnavailable ||
-                       e.code() == ErrorCode::kAborted;
-    const bool in_time = seconds < 0.3 + kTimeoutSeconds + kSlackSeconds;
+    const bool typed = e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kAborted;
+    const bool in_time = seconds < kLimitSeconds;
     std::printf("%s rank %d: %s after %.2f s: %s\n", typed && in_time ? "SURVIVED" : "FAILED", rank,
                 std::string(to_string(e.code())).c_str(), seconds, e.message().c_str());
   }

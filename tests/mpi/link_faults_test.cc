@@ -10,8 +10,13 @@
 //     AbortedError naming it),
 //   - returns early, skipping collectives the other replicas of its worker
 //     joined (its worker FailedPreconditionError, the others AbortedError), or
-//   - kills its process with SIGKILL (the survivors DeadlineExceededError,
-//     UnavailableError or AbortedError within the timeout).
+//   - kills its process with SIGKILL (the survivors UnavailableError, or
+//     AbortedError from a survivor that saw it first, at once: its process
+//     is watched; DeadlineExceededError within the timeout otherwise), or
+//   - leaves normally: its whole worker stops the run there (as a worker
+//     with fewer steps does), destroys its strategy and exits, finalising
+//     MPI (the survivors FailedPreconditionError naming it, at once, with
+//     no timeout set).
 // Then every surviving worker checks that the link stays closed (the next run
 // raises an error at once), and that the strategy is destroyed, its threads
 // joined, within seconds. Each survivor prints one line:
@@ -45,8 +50,8 @@ struct InjectedFault : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Fault { kThrow, kSkipRest, kDie };
-constexpr const char* kFaultNames[] = {"throws", "returns early", "is killed"};
+enum class Fault { kThrow, kSkipRest, kDie, kLeave };
+constexpr const char* kFaultNames[] = {"throws", "returns early", "is killed", "leaves"};
 
 enum class Kind { kAllReduce, kAllGather, kMergeReduceTo };
 
@@ -77,7 +82,7 @@ Plan make_plan(std::uint64_t seed, int replicas, int local) {
   p.faulty_replica = static_cast<int>(gen() % static_cast<std::uint64_t>(replicas));
   // Every kind in turn as the seeds go; returning early is only a fault the
   // worker can see when another local replica is left waiting.
-  p.fault = static_cast<Fault>(seed % 3);
+  p.fault = static_cast<Fault>(seed % 4);
   if (p.fault == Fault::kSkipRest && local < 2) p.fault = Fault::kThrow;
   return p;
 }
@@ -111,13 +116,15 @@ int main(int argc, char** argv) {
   }
   const std::uint64_t seed = std::strtoull(argv[1], nullptr, 10);
   const int local = std::atoi(argv[2]);
-  CommunicationOptions options;
-  options.timeout = std::chrono::duration<double>(kTimeoutSeconds);
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   if (link == nullptr) {
     std::fprintf(stderr, "link_faults_test: run me under mpirun\n");
     return 2;
   }
+  const Plan plan = make_plan(seed, link->size() * local, local);
+  // A worker that leaves is found without a timeout.
+  CommunicationOptions options;
+  if (plan.fault != Fault::kLeave) options.timeout = std::chrono::duration<double>(kTimeoutSeconds);
   // The whole case has a minute; a hang past it prints every thread's stack.
   std::thread case_watchdog([seed] {
     std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -127,7 +134,6 @@ int main(int argc, char** argv) {
   case_watchdog.detach();
   auto strategy = std::make_unique<MultiWorkerMirroredStrategy>(local, link, options);
   const int rank = strategy->worker_rank();
-  const Plan plan = make_plan(seed, strategy->num_replicas_in_sync(), local);
   const int faulty_worker = plan.faulty_replica / local;
   const auto report = [&](bool pass, const std::string& what) {
     std::printf("CASE %llu rank %d: %s %s\n", static_cast<unsigned long long>(seed), rank, pass ? "PASS" : "FAIL",
@@ -155,9 +161,11 @@ int main(int argc, char** argv) {
   std::string first_error;
   bool right_error = false;
   try {
+    const bool leaving = plan.fault == Fault::kLeave && rank == faulty_worker;
     strategy->run([&](ReplicaContext& ctx) {
       const auto& kinds = plan.runs.back();
       for (std::size_t c = 0; c < kinds.size(); ++c) {
+        if (leaving && static_cast<int>(c) == plan.fault_collective) return;  // the whole worker stops here
         if (ctx.replica_id_in_sync_group() == plan.faulty_replica && static_cast<int>(c) == plan.fault_collective) {
           if (plan.fault == Fault::kThrow) throw InjectedFault("replica failed on purpose");
           if (plan.fault == Fault::kSkipRest) return;
@@ -166,6 +174,14 @@ int main(int argc, char** argv) {
         collective(ctx, kinds[c], plan.sizes.back()[c]);
       }
     });
+    if (leaving) {
+      // Out of the run without an error (its replicas agree); the worker
+      // leaves for good: strategy and link destroyed, MPI finalised at exit.
+      report(true, where + ": left");
+      strategy.reset();
+      link.reset();
+      std::exit(0);
+    }
     report(false, where + ": the run ended without an error");
     _exit(0);
   } catch (const InjectedFault& e) {
@@ -176,6 +192,9 @@ int main(int argc, char** argv) {
     if (plan.fault == Fault::kDie) {
       right_error = e.code() == ErrorCode::kDeadlineExceeded || e.code() == ErrorCode::kUnavailable ||
                     e.code() == ErrorCode::kAborted;
+    } else if (plan.fault == Fault::kLeave) {
+      right_error = e.code() == ErrorCode::kFailedPrecondition &&
+                    e.message().find("worker " + std::to_string(faulty_worker) + " has") != std::string::npos;
     } else if (rank == faulty_worker) {
       right_error = plan.fault == Fault::kSkipRest && e.code() == ErrorCode::kFailedPrecondition;
     } else {
@@ -184,9 +203,12 @@ int main(int argc, char** argv) {
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  // A throw or an early return is reported to the other workers at once; a
-  // death is found by the timeout.
-  const double limit = plan.fault == Fault::kDie ? kTimeoutSeconds + kSlackSeconds : kSlackSeconds;
+  // A throw, an early return or a departure is reported to the other
+  // workers at once; a death is seen on this host at once too (elsewhere
+  // the timeout finds it).
+  const double limit = plan.fault == Fault::kDie ? kTimeoutSeconds + kSlackSeconds
+                       : plan.fault == Fault::kLeave ? 2.0
+                                                     : kSlackSeconds;
   char timing[64];
   std::snprintf(timing, sizeof timing, " after %.2f s", seconds);
   if (!right_error || seconds > limit) {

@@ -4,7 +4,10 @@
 // dtype or shape, skips a collective or calls another one) and checks that it
 // ends in the documented error, found and not waited out; at the end it
 // compares memory, open file descriptors and threads with what they were
-// after warm-up. Exit code 0 only when everything held.
+// after warm-up. Across workers, the last worker then leaves normally (it
+// destroys its strategy, as a worker with fewer steps does), and every other
+// worker's next run must raise FailedPreconditionError naming it at once.
+// Exit code 0 only when everything held.
 //
 //   distribute-soak --collectives 1000000 --replicas 4
 //   mpirun -np 2 distribute-soak --strategy multi_worker --replicas 2
@@ -482,6 +485,7 @@ int soak(const Args& a) {
     throw UsageError("--strategy multi_worker needs a build with MPI");
 #endif
   }
+  const int worker = strategy->first_replica_id() / a.replicas;
   Soak soak(a, *strategy, workers);
   if (soak.chief()) {
     std::printf("distribute-soak: %s, %s collectives, sizes up to %s bytes, a fault every %s collectives, seed %llu\n",
@@ -493,6 +497,33 @@ int soak(const Args& a) {
   const Tally t = soak.run();
   const Resources& w = soak.after_warmup();
   const Resources& e = soak.at_end();
+  // A worker that leaves normally: the last one destroys its strategy; the
+  // others' next run has no partner and must say so at once.
+  std::string leave_row;
+  bool leave_ok = true;
+  if (workers > 1) {
+    if (worker == workers - 1) {
+      strategy.reset();
+      leave_row = "this worker left";
+    } else {
+      const auto started = Clock::now();
+      std::string what = "the run completed without it";
+      leave_ok = false;
+      try {
+        strategy->run([](ReplicaContext& ctx) { ctx.all_reduce(ReduceOp::kSum, constant(1.f)); });
+      } catch (const Error& error) {
+        what = std::string(to_string(error.code())) + ": " + error.message();
+        leave_ok = error.code() == ErrorCode::kFailedPrecondition &&
+                   error.message().find("worker " + std::to_string(workers - 1) + " has") != std::string::npos;
+      }
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
+      leave_ok = leave_ok && ms < 2000;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "seen after %.1f ms", ms);
+      leave_row = buf;
+      if (!leave_ok) std::fprintf(stderr, "distribute-soak: the last worker left: %s\n", what.c_str());
+    }
+  }
   // Memory may settle after warm-up (caches of each size class fill); it must
   // not keep growing with the number of collectives.
   const double kRssSlackMib = 64;
@@ -505,12 +536,11 @@ int soak(const Args& a) {
 #endif
   const bool memory_ok = !kJudgeMemory || e.rss_mib - w.rss_mib <= kRssSlackMib;
   const bool handles_ok = e.fds == w.fds && e.threads == w.threads;
-  const bool ok = t.wrong == 0 && t.undocumented == 0 && t.hangs == 0 && memory_ok && handles_ok;
+  const bool ok = t.wrong == 0 && t.undocumented == 0 && t.hangs == 0 && memory_ok && handles_ok && leave_ok;
   std::int64_t faults = 0;
   for (std::int64_t f : t.faults) faults += f;
   std::ostringstream out;
-  out << "\n| " << (workers > 1 ? "worker " + std::to_string(strategy->first_replica_id() / a.replicas) : "process")
-      << " | |\n|---|---:|\n";
+  out << "\n| " << (workers > 1 ? "worker " + std::to_string(worker) : "process") << " | |\n|---|---:|\n";
   out << "| collectives run | " << grouped(t.collectives) << " |\n";
   out << "| in runs without a fault: results checked | " << grouped(t.checked) << " |\n";
   for (int k = 0; k < 4; ++k) out << "| - " << kKindNames[k] << " | " << grouped(t.by_kind[k]) << " |\n";
@@ -531,12 +561,14 @@ int soak(const Args& a) {
   if (!kJudgeMemory) out << "| (RSS not judged: a sanitizer build) | |\n";
   out << "| open file descriptors after warm-up / at end | " << w.fds << " / " << e.fds << " |\n";
   out << "| threads after warm-up / at end | " << w.threads << " / " << e.threads << " |\n";
+  if (!leave_row.empty()) out << "| the last worker leaves (its strategy destroyed) | " << leave_row << " |\n";
   std::snprintf(buf, sizeof buf, "| wall time (s) / collectives per second | %.1f / %s |\n", soak.seconds(),
                 grouped(static_cast<std::int64_t>(static_cast<double>(t.collectives) / soak.seconds())).c_str());
   out << buf;
   out << (ok ? "distribute-soak: PASS\n" : "distribute-soak: FAIL\n");
   if (!memory_ok) out << "distribute-soak: RSS grew by more than " << kRssSlackMib << " MiB after warm-up\n";
   if (!handles_ok) out << "distribute-soak: file descriptors or threads changed after warm-up\n";
+  if (!leave_ok) out << "distribute-soak: the others did not raise the documented error when the last worker left\n";
   std::cout << out.str() << std::flush;
   return ok ? 0 : 1;
 }

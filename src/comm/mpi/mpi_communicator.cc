@@ -1,5 +1,10 @@
 #include "comm/mpi/mpi_communicator.h"
 
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -9,6 +14,7 @@
 #include <algorithm>
 #include <new>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -54,10 +60,53 @@ constexpr auto kSpinBeforeYield = std::chrono::microseconds(200);
 // Polls of a pending request between two looks for failure notices.
 constexpr unsigned kPollsPerNoticeProbe = 32;
 
+// A peer's process ended without a word (found by its pidfd): MPI_Finalize
+// would wait for it for ever (OpenMPI's finalisation meets every process).
+std::atomic<bool> g_peer_process_ended{false};
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (g_peer_process_ended.load()) {
+    std::fprintf(stderr,
+                 "distribute: MPI is not finalised at exit: the process of another worker ended without leaving, "
+                 "and MPI_Finalize would wait for it\n");
+    return;
+  }
+  MPI_Finalize();
+}
+
+// MPI_Finalize deletes MPI_COMM_SELF's attributes first, while MPI still
+// works: every live communicator says that this process leaves.
+int leave_at_finalize(MPI_Comm, int, void*, void*) {
+  MpiCommunicator::leave_all("its process is ending (MPI_Finalize)");
+  return MPI_SUCCESS;
+}
+
+// The communicators alive in this process (never destroyed: MPI_Finalize
+// may run from an exit handler after static destructors).
+struct Registry {
+  std::mutex mu;
+  std::vector<MpiCommunicator*> live;
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+// The kinds of notice, the first byte of each.
+constexpr char kFailureNotice = 'F';
+constexpr char kLeftNotice = 'L';
+constexpr char kSessionEndNotice = 'S';
+
+std::string ordinal(std::uint64_t n) {
+  const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"
+                       : n % 10 == 1                   ? "st"
+                       : n % 10 == 2                   ? "nd"
+                       : n % 10 == 3                   ? "rd"
+                                                       : "th";
+  return std::to_string(n) + suffix;
 }
 
 // DISTRIBUTE_MPI_MAX_MESSAGE_BYTES as a piece size, or 0 if it is not a
@@ -99,6 +148,11 @@ void ensure_mpi_initialized() {
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
       std::atexit(finalize_at_exit);
     }
+    registry();  // made before MPI_Finalize can need it
+    int keyval = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, leave_at_finalize, &keyval, nullptr) == MPI_SUCCESS) {
+      MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr);
+    }
   });
   int provided = 0;
   MPI_Query_thread(&provided);
@@ -122,6 +176,14 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
     check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &has_tag_ub), "MPI_Comm_get_attr", setup);
     if (has_tag_ub && tag_ub != nullptr) tag_ub_ = *tag_ub;
     check(MPI_Comm_dup(comm_, &notices_), "MPI_Comm_dup", setup);
+    // Notices carry this communicator's nonce: MPI reuses a freed
+    // communicator's context for a new one, and a notice sent to the old one
+    // but not received there would be taken for the new one's.
+    if (rank_ == 0) {
+      std::random_device random;
+      nonce_ = (std::uint64_t{random()} << 32) ^ random() ^ static_cast<std::uint64_t>(getpid());
+    }
+    check(MPI_Bcast(&nonce_, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast", setup);
     // One piece size on every rank (the smallest asked for), or an error on
     // every rank naming the first rank whose setting is not a size.
     struct {
@@ -148,7 +210,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
     int wanted = shared == nullptr || std::strcmp(shared, "0") != 0 ? 1 : 0;
     check(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce", setup);
     if (wanted == 1) shared_ = NodeSharedMemory::create(comm_, rank_, size_);
+    watch_local_peers();
   } catch (...) {
+    for (const auto& [peer, fd] : watched_) close(fd);
     // A failure here (an MPI error) may have sent this rank's notice, and
     // a throwing constructor runs no destructor: leave the notice and the
     // header buffers to MPI, as a failed communicator does.
@@ -158,15 +222,28 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
     }
     throw;
   }
+  const std::lock_guard<std::mutex> lock(registry().mu);
+  registry().live.push_back(this);
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  {
+    const std::lock_guard<std::mutex> lock(registry().mu);
+    std::erase(registry().live, this);
+  }
+  for (const auto& [peer, fd] : watched_) close(fd);
   int finalized = 0;
   MPI_Finalized(&finalized);
+  if (!finalized && !failed_.load()) send_departure(kLeftNotice, "its communicator was destroyed");
   // A failed communicator may have a collective in flight; freeing it then
   // could wait for peers that never come, so it is left to MPI_Finalize.
+  // The notices' communicator is never freed: peers may still send to it
+  // (their departures), and MPI would give its context to a later
+  // communicator, whose notices from those peers would then queue behind
+  // messages numbered for this one, never to be matched (seen with
+  // OpenMPI's ob1: a failure notice that never arrived). It holds one of
+  // MPI's contexts for the process's life.
   if (!finalized && comm_ != MPI_COMM_NULL && !failed_.load()) {
-    MPI_Comm_free(&notices_);
     MPI_Comm_free(&comm_);
     return;
   }
@@ -211,7 +288,9 @@ void MpiCommunicator::flush_notice() noexcept {
     if (token_holder_.load() == std::this_thread::get_id()) return;  // sent when this thread lets go
     if (!token_.try_lock()) return;                                    // the holder sends it
     if (notice_pending_.exchange(false)) {
-      for (int q = 0; q < size_; ++q) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      for (int q = 0; q < size_ && !finalized; ++q) {
         if (q == rank_) continue;
         MPI_Request request;
         // Small: MPI delivers it eagerly; nobody waits for its completion.
@@ -225,20 +304,200 @@ void MpiCommunicator::flush_notice() noexcept {
   }
 }
 
-void MpiCommunicator::receive_notice() {
-  int arrived = 0;
-  MPI_Status status;
-  if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices_, &arrived, &status) != MPI_SUCCESS || !arrived) return;
-  int bytes = 0;
-  MPI_Get_count(&status, MPI_CHAR, &bytes);
-  std::string text(static_cast<std::size_t>(std::max(bytes, 0)), '\0');
-  MPI_Recv(text.data(), bytes, MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.load()) return;
-  failure_code_ = text.empty() ? ErrorCode::kAborted : static_cast<ErrorCode>(static_cast<unsigned char>(text[0]));
-  failure_message_ = "Worker " + std::to_string(status.MPI_SOURCE) + " failed: " +
-                     (text.empty() ? std::string("(no message)") : text.substr(1));
-  failed_.store(true, std::memory_order_release);
+void MpiCommunicator::receive_notices() {
+  for (;;) {
+    int arrived = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices_, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_CHAR, &bytes);
+    std::string text(static_cast<std::size_t>(std::max(bytes, 0)), '\0');
+    MPI_Recv(text.data(), bytes, MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE);
+    const int from = status.MPI_SOURCE;
+    std::uint64_t nonce = 0;
+    if (text.size() < sizeof nonce + 1) continue;
+    std::memcpy(&nonce, text.data(), sizeof nonce);
+    if (nonce != nonce_) continue;  // to an earlier communicator whose context MPI reused for this one
+    text.erase(0, sizeof nonce);
+    if ((text[0] == kLeftNotice || text[0] == kSessionEndNotice) && text.size() >= 1 + sizeof(std::uint64_t)) {
+      Departure d{.rank = from, .for_good = text[0] == kLeftNotice, .why = text.substr(1 + sizeof(std::uint64_t))};
+      std::memcpy(&d.calls, text.data() + 1, sizeof d.calls);
+      if (d.for_good) {
+        // Its process may end now: that is no longer news.
+        for (auto it = watched_.begin(); it != watched_.end(); ++it) {
+          if (it->first != from) continue;
+          close(it->second);
+          watched_.erase(it);
+          break;
+        }
+      }
+      departures_.push_back(std::move(d));
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load()) continue;
+    const bool failure = text.size() >= 2 && text[0] == kFailureNotice;
+    failure_code_ = failure ? static_cast<ErrorCode>(static_cast<unsigned char>(text[1])) : ErrorCode::kAborted;
+    failure_message_ = "Worker " + std::to_string(from) + " failed: " +
+                       (failure ? text.substr(2) : std::string("(a notice that could not be read)"));
+    failed_.store(true, std::memory_order_release);
+  }
+}
+
+std::string MpiCommunicator::notice_head(char kind) const {
+  std::string head(reinterpret_cast<const char*>(&nonce_), sizeof nonce_);
+  head += kind;
+  return head;
+}
+
+void MpiCommunicator::begin_call(const CollectiveCall& call) {
+  if (left_) {
+    throw FailedPreconditionError(label(call) + ": this communicator cannot be used any more: rank " +
+                                  std::to_string(rank_) + " has left its group (MPI was finalised)");
+  }
+  throw_if_failed();
+  ++calls_;
+  if (call.starts_session) session_start_ = calls_;
+  if (!departures_.empty()) check_departures(call);
+}
+
+void MpiCommunicator::check_departures(const CollectiveCall& call) {
+  for (auto it = departures_.begin(); it != departures_.end();) {
+    if (!it->for_good && session_start_ > it->calls) {  // it ended a session before this rank's current one
+      it = departures_.erase(it);
+      continue;
+    }
+    if (calls_ <= it->calls) {  // a call that rank made too: it completes
+      ++it;
+      continue;
+    }
+    const std::string message =
+        label(call) + " can never complete: worker " + std::to_string(it->rank) +
+        (it->for_good ? " has left the group (" : " has ended its session (") + it->why + ") after its " +
+        ordinal(it->calls) + " call between the workers, and this is worker " + std::to_string(rank_) + "'s " +
+        ordinal(calls_) +
+        ". Every worker must run the same collectives in the same order: a worker that stops early (fewer steps "
+        "or epochs, another strategy) leaves the others without a partner";
+    abort(ErrorCode::kFailedPrecondition, message, rank_);
+    throw FailedPreconditionError(message);
+  }
+}
+
+void MpiCommunicator::send_departure(char kind, std::string_view why) noexcept {
+  if (notices_ == MPI_COMM_NULL || size_ < 2) return;
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_departure_ = std::string(1, kind) + std::string(why);
+    }
+    departure_pending_.store(true, std::memory_order_release);
+    // The token: MPI is called by one thread at a time. A replica thread may
+    // be in a call while this thread ends the process: it sends the notice
+    // from its polling loop, where it waits for peers that will not come.
+    if (!token_.try_lock_for(std::chrono::seconds(1))) return;
+    std::unique_lock<std::timed_mutex> hold(token_, std::adopt_lock);
+    flush_departure();
+  } catch (...) {
+  }
+}
+
+void MpiCommunicator::flush_departure() noexcept {
+  if (!departure_pending_.exchange(false, std::memory_order_acq_rel)) return;
+  try {
+    std::string said;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      said = std::move(pending_departure_);
+    }
+    if (said.empty() || left_ || failed_.load()) return;  // gone already, or the others were told of the failure
+    const char kind = said[0];
+    auto text = std::make_unique<std::string>(notice_head(kind));
+    text->append(reinterpret_cast<const char*>(&calls_), sizeof calls_);
+    text->append(said, 1);
+    std::vector<MPI_Request> requests;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      requests.emplace_back(MPI_REQUEST_NULL);
+      if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, q, kNoticeTag, notices_,
+                    &requests.back()) != MPI_SUCCESS) {
+        requests.pop_back();
+      }
+    }
+    // Small: sent eagerly. A send still pending after a second is let go,
+    // its text kept for MPI to read.
+    const Clock::time_point give_up = Clock::now() + std::chrono::seconds(1);
+    int done = 0;
+    while (!done && Clock::now() < give_up) {
+      MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+      if (!done) std::this_thread::yield();
+    }
+    if (!done) {
+      for (MPI_Request& r : requests) {
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      }
+      static_cast<void>(text.release());
+    }
+    if (kind == kLeftNotice) left_ = true;
+  } catch (...) {
+  }
+}
+
+void MpiCommunicator::end_session(std::string_view why) noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) send_departure(kSessionEndNotice, why);
+}
+
+void MpiCommunicator::leave_all(const char* why) noexcept {
+  const std::lock_guard<std::mutex> lock(registry().mu);
+  for (MpiCommunicator* c : registry().live) c->send_departure(kLeftNotice, why);
+}
+
+void MpiCommunicator::watch_local_peers() {
+  // The ranks of this MPI node, with their pids and pid namespaces: a pid of
+  // another namespace would name another process here.
+  MPI_Comm node = MPI_COMM_NULL;
+  const CollectiveCall setup{.op = "MPI_Comm_split_type"};
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type", setup);
+  struct Published {
+    std::int64_t pid = 0;
+    std::int32_t rank = 0;
+    std::array<char, 44> pid_namespace{};
+  };
+  Published mine{.pid = static_cast<std::int64_t>(getpid()), .rank = rank_};
+  const ssize_t n = readlink("/proc/self/ns/pid", mine.pid_namespace.data(), mine.pid_namespace.size() - 1);
+  if (n <= 0) mine.pid_namespace[0] = '\0';
+  int node_size = 1;
+  MPI_Comm_size(node, &node_size);
+  std::vector<Published> all(static_cast<std::size_t>(node_size));
+  const int result = MPI_Allgather(&mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(),
+                                   static_cast<int>(sizeof mine), MPI_BYTE, node);
+  MPI_Comm_free(&node);
+  check(result, "MPI_Allgather", setup);
+  if (mine.pid_namespace[0] == '\0') return;
+  for (const Published& p : all) {
+    if (p.rank == rank_ || p.pid_namespace != mine.pid_namespace) continue;
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(p.pid), 0));
+    if (fd >= 0) watched_.emplace_back(p.rank, fd);  // (no pidfd, no watch: a kernel before 5.3)
+  }
+}
+
+int MpiCommunicator::ended_peer() {
+  for (const auto& [peer, fd] : watched_) {
+    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) return peer;
+  }
+  return -1;
+}
+
+void MpiCommunicator::fail_for_ended_peer(int peer, const CollectiveCall& call) {
+  g_peer_process_ended.store(true);
+  const std::string message =
+      label(call) + " can never complete: the process of worker " + std::to_string(peer) +
+      " on this host has ended without leaving the group (killed by a signal, or crashed) while worker " +
+      std::to_string(rank_) + " waits for it; this communicator cannot be used any more";
+  abort(ErrorCode::kUnavailable, message, rank_);
+  throw UnavailableError(message);
 }
 
 void MpiCommunicator::throw_if_failed() {
@@ -254,7 +513,7 @@ void MpiCommunicator::abort(ErrorCode code, const std::string& message, int) noe
       if (failed_.load()) return;
       failure_code_ = code;
       failure_message_ = message;
-      notice_ = std::make_unique<std::string>(static_cast<char>(code) + message);
+      notice_ = std::make_unique<std::string>(notice_head(kFailureNotice) + static_cast<char>(code) + message);
       failed_.store(true, std::memory_order_release);
     }
     notice_pending_.store(true, std::memory_order_release);
@@ -329,13 +588,37 @@ void MpiCommunicator::poll(const CollectiveCall& call, Done&& done) {
   const Clock::time_point deadline = deadline_after(start, call.timeout_seconds);
   const bool bounded = deadline != Clock::time_point::max();
   bool yielding = false;
+  Clock::time_point next_health_check = start + kHealthCheckPeriod;
+  Clock::time_point grace_ends = Clock::time_point::max();  // a peer's process has ended
+  int ended = -1;
   for (unsigned polls = 0;; ++polls) {
     // A call that completes has completed on every rank's inputs, even if a
     // peer failed after sending them: a notice that arrives later is raised
     // by the next call, not this one.
     if (done()) return;
-    if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) receive_notice();
+    if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) {
+      if (departure_pending_.load(std::memory_order_acquire)) flush_departure();  // for a thread without the token
+      receive_notices();
+      if (!departures_.empty()) check_departures(call);
+    }
     if (failed_.load(std::memory_order_acquire)) throw_if_failed();
+    if ((polls & 63) == 0 && (bounded || !watched_.empty())) {
+      const Clock::time_point now = Clock::now();
+      if (!watched_.empty() && now >= next_health_check) {
+        next_health_check = now + kHealthCheckPeriod;
+        if (ended < 0 && (ended = ended_peer()) >= 0) grace_ends = now + kDeathGrace;
+      }
+      if (now >= grace_ends) {
+        // Its last words (a departure, a failure) arrive before its end is
+        // seen; a few probes for them, on this path only.
+        for (int probe = 0; probe < 16; ++probe) receive_notices();
+        if (failed_.load(std::memory_order_acquire)) throw_if_failed();
+        if (!departures_.empty()) check_departures(call);
+        if (ended_peer() == ended) fail_for_ended_peer(ended, call);  // (else: it left for good, unwatched now)
+        ended = -1;
+        grace_ends = Clock::time_point::max();
+      }
+    }
     if (bounded && (polls & 63) == 0 && Clock::now() >= deadline) {
       const std::string message =
           label(call) + " timed out after " + seconds_text(call.timeout_seconds) + " s on rank " +
@@ -609,7 +892,7 @@ std::shared_ptr<std::byte> MpiCommunicator::sendable(const std::string& payload)
 
 std::vector<std::string> MpiCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   Token token(*this);
-  throw_if_failed();
+  begin_call(call);
   if (shared_ != nullptr) return shared_exchange(std::move(payload), call);
   // The header round carries the tag and the payload's size, and the payload itself if it fits.
   const std::size_t inline_bytes = payload.size() <= kInlineBytes ? payload.size() : 0;
@@ -647,7 +930,7 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
 void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                  const CollectiveCall& call, std::int64_t mean_divisor) {
   Token token(*this);
-  throw_if_failed();
+  begin_call(call);
   const std::size_t esz = size_of(dtype);
   const std::size_t bytes = count * esz;
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size_;
@@ -752,7 +1035,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
 void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
                                    std::size_t outer, DType dtype, const CollectiveCall& call) {
   Token token(*this);
-  throw_if_failed();
+  begin_call(call);
   const std::size_t esz = size_of(dtype);
   std::vector<std::size_t> bytes(counts.size());
   std::size_t total = 0, largest = 0;
@@ -831,7 +1114,7 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
 
 void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) {
   Token token(*this);
-  throw_if_failed();
+  begin_call(call);
   const std::size_t bytes = count * size_of(dtype);
   if (shared_ != nullptr) {
     shared_broadcast(buffer, bytes, dtype, root, call);
@@ -886,8 +1169,9 @@ void MpiCommunicator::shared_begin(std::uint64_t step, const NodeSharedMemory::C
     // in another call by now: its failure notice, if sent, is the error.
     // (A message that has arrived may take OpenMPI a progress call or two
     // to match: a few probes, on this error path only.)
-    for (int probe = 0; probe < 16 && !failed_.load(std::memory_order_acquire); ++probe) receive_notice();
+    for (int probe = 0; probe < 16 && !failed_.load(std::memory_order_acquire); ++probe) receive_notices();
     throw_if_failed();
+    if (!departures_.empty()) check_departures(call);
   };
   if (tags_differ) {
     peer_failed_first();
@@ -1074,7 +1358,7 @@ void MpiCommunicator::shared_broadcast(void* buffer, std::size_t bytes, DType dt
 
 void MpiCommunicator::barrier(const CollectiveCall& call) {
   Token token(*this);
-  throw_if_failed();
+  begin_call(call);
   if (shared_ != nullptr) {
     shared_begin(shared_->next_step(), {.tag = call.signature_tag, .kind = static_cast<std::uint32_t>(Kind::kBarrier)},
                  call);

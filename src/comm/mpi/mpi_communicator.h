@@ -64,6 +64,18 @@
 // message ("Worker 1 failed: ..."). MPI is called by one thread at a time (the
 // "token"); abort() from another thread leaves its message for the token's
 // holder to send when it lets go.
+//
+// Departures reach them too, so that no rank waits for one that is gone.
+// A rank leaves for good when its communicator is destroyed or MPI is
+// finalised (at exit, by an attribute of MPI_COMM_SELF that MPI_Finalize
+// deletes first), and ends a session when its user says so (end_session):
+// either way every other rank is sent the number of calls it made. A rank in,
+// or entering, a later call raises FailedPreconditionError naming the one
+// that left, at once; a call that the leaver made still completes. The
+// processes of peers on this host are watched besides (pidfd): one that ends
+// without a word (SIGKILL, a crash) fails the calls waiting for it with
+// UnavailableError within about 10 ms plus a grace of 100 ms, no timeout
+// needed. docs/errors.md, "A worker that leaves".
 #pragma once
 
 #include <mpi.h>
@@ -74,10 +86,13 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <chrono>
 #include <optional>
 #include <string>
-#include <vector>
+#include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/mpi/node_shared_memory.h"
 #include "distribute/communicator.h"
@@ -128,6 +143,15 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
+  void end_session(std::string_view why) noexcept override;
+  // Every live communicator of this process leaves for good, saying `why`,
+  // and refuses later calls (MPI_Finalize calls it before it finalises).
+  static void leave_all(const char* why) noexcept;
+  // How long an ended process is given before the calls waiting for it fail:
+  // what it sent before it ended may still be on its way.
+  static constexpr std::chrono::milliseconds kDeathGrace{100};
+  // How often a waiting rank looks at the processes of its peers on this host.
+  static constexpr std::chrono::milliseconds kHealthCheckPeriod{10};
 
   // The most data one rank sends inside the header round.
   static constexpr std::size_t kInlineBytes = 64 * 1024 - 16;
@@ -319,8 +343,40 @@ class MpiCommunicator final : public Communicator {
   // Sends this rank's failure notice to every other rank, once, if one is
   // pending and the token can be had (its holder sends it otherwise).
   void flush_notice() noexcept;
-  // If another rank's failure notice has arrived, records it (token held).
-  void receive_notice();
+  // The start of every notice: this communicator's nonce, then `kind`.
+  std::string notice_head(char kind) const;
+  // Receives every notice that has arrived: a failure is recorded as this
+  // communicator's, a departure in departures_ (token held).
+  void receive_notices();
+  // The start of every call (token held): the group's failure, if any; the
+  // count; a departure that leaves this call without a partner.
+  void begin_call(const CollectiveCall& call);
+  // What a rank said when it left: for good (its communicator destroyed,
+  // MPI finalised) or at the end of a session (end_session).
+  struct Departure {
+    int rank = 0;
+    std::uint64_t calls = 0;  // the calls it had made
+    bool for_good = true;
+    std::string why;
+  };
+  // Fails the group (FailedPreconditionError) if a departed rank did not
+  // make the call in progress (calls_), unless it ended a session before the
+  // one this rank is in (session_start_); drops such departures.
+  void check_departures(const CollectiveCall& call);
+  // Sends a departure notice ('L': for good, 'S': a session's end) to every
+  // other rank: waits up to a second for the token, and leaves the notice to
+  // its holder if it cannot have it (flush_departure, from poll).
+  void send_departure(char kind, std::string_view why) noexcept;
+  // Sends the pending departure notice, if any (token held); waits up to a
+  // second for the sends.
+  void flush_departure() noexcept;
+  // Opens a pidfd on the process of every other rank on this host (same
+  // MPI shared-memory node and pid namespace); collective over comm_.
+  void watch_local_peers();
+  // A watched peer whose process has ended, or -1 (one that said it left
+  // for good is not watched any more).
+  int ended_peer();
+  [[noreturn]] void fail_for_ended_peer(int peer, const CollectiveCall& call);
 
   static constexpr std::size_t kCopiedInlineBytes = 1024;
   // What the header round sends from: this rank's header, and the header
@@ -344,7 +400,7 @@ class MpiCommunicator final : public Communicator {
   std::size_t scratch_bytes_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm notices_ = MPI_COMM_NULL;  // failure notices only
-  std::mutex token_;
+  std::timed_mutex token_;
   std::atomic<std::thread::id> token_holder_{};
   std::atomic<bool> notice_pending_{false};
   // Error code byte + message; made once, before notice_pending_; never
@@ -354,6 +410,14 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   int tag_ub_ = 32767;  // MPI_TAG_UB of comm_ (at least 32767 by the standard)
   std::size_t max_message_bytes_ = kMaxMessageBytes;
+  std::uint64_t nonce_ = 0;            // the same on every rank, made anew for each communicator
+  std::uint64_t calls_ = 0;            // calls begun, the same count on every rank (token held)
+  std::uint64_t session_start_ = 0;    // the number of the last call that started a session (token held)
+  std::vector<Departure> departures_;  // (token held)
+  std::vector<std::pair<int, int>> watched_;  // (rank, pidfd) of the peers on this host
+  bool left_ = false;                  // this rank has left for good (token held)
+  std::atomic<bool> departure_pending_{false};
+  std::string pending_departure_;      // kind, then why (mu_)
   std::mutex mu_;
   std::atomic<bool> failed_{false};
   ErrorCode failure_code_ = ErrorCode::kUnavailable;
