@@ -30,6 +30,7 @@ enum class ErrorCode {
   kUnimplemented,
   kInternal,
   kUnavailable,
+  kResourceExhausted,
 };
 
 std::string_view to_string(ErrorCode code);
@@ -73,6 +74,8 @@ DISTRIBUTE_DEFINE_ERROR(InternalError, kInternal);
 DISTRIBUTE_DEFINE_ERROR(CancelledError, kCancelled);
 // A named thing (a device, a key) does not exist.
 DISTRIBUTE_DEFINE_ERROR(NotFoundError, kNotFound);
+// Memory (or another resource: threads) ran out; the message names what was asked for.
+DISTRIBUTE_DEFINE_ERROR(ResourceExhaustedError, kResourceExhausted);
 
 #undef DISTRIBUTE_DEFINE_ERROR
 

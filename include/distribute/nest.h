@@ -4,7 +4,9 @@
 // values: a leaf, a list, a tuple, or a dict with string keys. flatten()
 // visits leaves in TensorFlow's order: lists and tuples in order, dicts by
 // sorted key. Structure mismatches throw InvalidArgumentError naming the path,
-// e.g. "['b'][1]".
+// e.g. "['b'][1]". A nest is at most kMaxDepth levels deep (a deeper one is
+// refused with InvalidArgumentError when it is built): its walks recurse, and
+// a replica thread's stack must hold them.
 //
 //   using N = Nest<Tensor>;
 //   N v = N::dict({{"a", constant({0})}, {"b", N::list({constant({1}), constant({2})})}});
@@ -40,10 +42,13 @@ template <class T>
 class Nest {
  public:
   using Items = std::vector<std::pair<std::string, Nest>>;  // sorted by key, unique
+  // The most levels of lists, tuples and dicts one inside another (Python's
+  // default recursion limit, which bounds tf.nest likewise).
+  static constexpr std::size_t kMaxDepth = 1000;
 
   // A leaf.
   Nest(T leaf) : node_(std::move(leaf)) {}  // NOLINT: implicit, a leaf is a nest
-  Nest() : node_(List{}) {}                 // an empty list
+  Nest() : depth_(1), node_(List{}) {}      // an empty list
 
   static Nest list(std::vector<Nest> items) { return Nest(List{std::move(items)}); }
   static Nest tuple(std::vector<Nest> items) { return Nest(Tuple{std::move(items)}); }
@@ -60,6 +65,8 @@ class Nest {
   }
 
   NestKind kind() const { return static_cast<NestKind>(node_.index()); }
+  // Levels of lists, tuples and dicts: 0 for a leaf, 1 for a list of leaves.
+  std::size_t depth() const { return depth_; }
   bool is_leaf() const { return kind() == NestKind::kLeaf; }
 
   const T& leaf() const {
@@ -248,10 +255,29 @@ class Nest {
         for (std::size_t i = 0; i < items().size(); ++i) items()[i].collect_paths(prefix + internal::path_step(i), out);
     }
   }
-  explicit Nest(List l) : node_(std::move(l)) {}
-  explicit Nest(Tuple t) : node_(std::move(t)) {}
-  explicit Nest(Dict d) : node_(std::move(d)) {}
+  explicit Nest(List l) : depth_(depth_over(l.items)), node_(std::move(l)) {}
+  explicit Nest(Tuple t) : depth_(depth_over(t.items)), node_(std::move(t)) {}
+  explicit Nest(Dict d) : depth_(depth_over(d.items)), node_(std::move(d)) {}
+  // One more than the deepest child's; InvalidArgumentError past kMaxDepth.
+  template <class Children>
+  static std::size_t depth_over(const Children& children) {
+    std::size_t deepest = 0;
+    for (const auto& child : children) {
+      if constexpr (requires { child.second; }) {
+        deepest = std::max(deepest, child.second.depth_);
+      } else {
+        deepest = std::max(deepest, child.depth_);
+      }
+    }
+    if (deepest + 1 > kMaxDepth) {
+      throw InvalidArgumentError("Nest: more than " + std::to_string(kMaxDepth) +
+                                 " levels of lists, tuples and dicts one inside another are not supported (the "
+                                 "walks over a nest recurse, and a thread's stack must hold them)");
+    }
+    return deepest + 1;
+  }
 
+  std::size_t depth_ = 0;
   std::variant<T, List, Tuple, Dict> node_;
 };
 

@@ -14,6 +14,7 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::kUnimplemented: return "UnimplementedError";
     case ErrorCode::kInternal: return "InternalError";
     case ErrorCode::kUnavailable: return "UnavailableError";
+    case ErrorCode::kResourceExhausted: return "ResourceExhaustedError";
   }
   return "Error";
 }
@@ -33,6 +34,7 @@ void throw_error(ErrorCode code, const std::string& message) {
     case ErrorCode::kUnimplemented: throw UnimplementedError(message);
     case ErrorCode::kInternal: throw InternalError(message);
     case ErrorCode::kUnavailable: throw UnavailableError(message);
+    case ErrorCode::kResourceExhausted: throw ResourceExhaustedError(message);
   }
   throw InternalError(message);
 }

@@ -4,7 +4,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -268,6 +270,26 @@ void hand_out(std::byte* p, std::size_t bytes, std::size_t cls) {
 }
 
 }  // namespace
+
+std::string bytes_text(std::size_t bytes) {
+  const std::string plain = std::to_string(bytes);
+  std::string digits;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    if (i > 0 && (plain.size() - i) % 3 == 0) digits += ',';
+    digits += plain[i];
+  }
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  if (unit < 0) return digits + (bytes == 1 ? " byte" : " bytes");
+  char scaled[32];
+  std::snprintf(scaled, sizeof scaled, " (%.1f %s)", value, kUnits[unit]);
+  return digits + " bytes" + scaled;
+}
 
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes) {
   if (bytes == 0) return nullptr;

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 // Under AddressSanitizer, blocks idle in the cache are poisoned, so a read or
 // write through a pointer into storage that its last Tensor let go of is
@@ -40,8 +41,11 @@ inline constexpr std::size_t kStorageAlignment = 64;
 // allocation from it is slow.
 inline constexpr std::size_t kCachedMinBytes = 4096;
 
-// Uninitialised bytes; nullptr for 0 bytes.
+// Uninitialised bytes; nullptr for 0 bytes. std::bad_alloc when the system
+// has no memory to give (Tensor turns it into ResourceExhaustedError).
 std::shared_ptr<std::byte> allocate_storage(std::size_t bytes);
+// A byte count for messages: "3,221,225,472 bytes (3.0 GiB)".
+std::string bytes_text(std::size_t bytes);
 // The same, for storage that several threads share and let go of in any
 // order (an all_gather output of every replica): it comes from and goes back
 // to the cache shared by every thread. (A block of allocate_storage goes back

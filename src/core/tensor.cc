@@ -119,7 +119,15 @@ const std::string* device_or_default(std::string_view device) {
 
 Tensor Tensor::uninitialized(DType dtype, Shape shape, std::string_view device) {
   const std::size_t bytes = internal::checked_nbytes(dtype, shape);
-  return Tensor(dtype, std::move(shape), internal::allocate_storage(bytes), device_or_default(device));
+  std::shared_ptr<std::byte> storage;
+  try {
+    storage = internal::allocate_storage(bytes);
+  } catch (const std::bad_alloc&) {
+    throw ResourceExhaustedError("Tensor: out of memory allocating " + internal::bytes_text(bytes) + " for " +
+                                 std::string(to_string(dtype)) + " of shape " + shape.to_string() + " on " +
+                                 std::string(device.empty() ? internal::default_device() : device));
+  }
+  return Tensor(dtype, std::move(shape), std::move(storage), device_or_default(device));
 }
 
 Tensor Tensor::from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string_view device) {

@@ -1,6 +1,7 @@
 #include "runtime/mode.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 
@@ -95,9 +96,31 @@ bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const M
   return true;
 }
 
+std::string strategies_apart(const Strategy& a, const Strategy& b, std::string_view between) {
+  std::string first = a.describe();
+  std::string second = b.describe();
+  if (first == second) {
+    char at[48];
+    std::snprintf(at, sizeof at, " at %p", static_cast<const void*>(&a));
+    first += at;
+    std::snprintf(at, sizeof at, " at %p", static_cast<const void*>(&b));
+    second += at;
+  }
+  return first + std::string(between) + second;
+}
+
 void require_replica_context(const ReplicaContext& ctx, std::string_view api) {
   const ModeEntry mode = current_mode();
   if (mode.replica == &ctx) return;
+  const std::string replica = "replica " + std::to_string(ctx.replica_id_in_sync_group());
+  const std::atomic<bool>* running = ctx.channel().running;
+  if (running != nullptr && !running->load(std::memory_order_acquire)) {
+    throw FailedPreconditionError("ReplicaContext::" + std::string(api) + " was called on the context of " + replica +
+                                  " of " + ctx.strategy().describe() +
+                                  " after its run returned: a ReplicaContext is valid only inside the run that "
+                                  "gave it, on its replica's thread (get_replica_context() inside the next run "
+                                  "gives that run's)");
+  }
   if (mode.replica == nullptr) {
     throw FailedPreconditionError("Need to be inside `call_for_each_replica()`: ReplicaContext::" + std::string(api) +
                                   " was called in a cross-replica context (inside strategy.scope() or a merge_fn)");
@@ -108,8 +131,16 @@ void require_replica_context(const ReplicaContext& ctx, std::string_view api) {
                                   "'s context from replica " +
                                   std::to_string(mode.replica->replica_id_in_sync_group()) + "'s thread.");
   }
-  throw FailedPreconditionError("Mismatching tf.distribute.Strategy objects: " + mode.replica->strategy().describe() +
-                                " is not " + ctx.strategy().describe() + ".");
+  if (is_default_strategy(mode.replica->strategy()) && mode_stack().empty()) {
+    // This thread is in no run, no scope: not a replica's thread at all.
+    throw FailedPreconditionError("ReplicaContext::" + std::string(api) + " was called on the context of " + replica +
+                                  " of " + ctx.strategy().describe() +
+                                  " from a thread that is not that replica's (one the replica started?): a "
+                                  "replica's collectives must be called on the replica's own thread, which runs "
+                                  "its replica function");
+  }
+  throw FailedPreconditionError("Mismatching tf.distribute.Strategy objects: " +
+                                strategies_apart(mode.replica->strategy(), ctx.strategy()) + ".");
 }
 
 ReplicaContext* replica_context_of(const Strategy& s) {
@@ -224,8 +255,8 @@ StrategyScope Strategy::scope() {
     return StrategyScope(this, StrategyScope::Kind::kNone);
   }
   if (has_strategy()) {
-    throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " + get_strategy().describe() +
-                                  " is not " + describe());
+    throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " +
+                                  internal::strategies_apart(get_strategy(), *this));
   }
   internal::watch_for_exit();
   stack.push_back(internal::ModeEntry{this, this, nullptr, 1, -1});
@@ -249,8 +280,8 @@ void Strategy::require_cross_replica_or_default(std::string_view api) const {
     throw FailedPreconditionError("Need to be inside \"with strategy.scope()\" for " + describe() + ": " +
                                   std::string(api) + " was called in a context of the default strategy");
   }
-  throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " + mode.strategy->describe() +
-                                " is not " + describe() + " (in " + std::string(api) + ")");
+  throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " +
+                                internal::strategies_apart(*mode.strategy, *this) + " (in " + std::string(api) + ")");
 }
 
 }  // namespace distribute

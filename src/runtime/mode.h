@@ -79,5 +79,9 @@ int current_merge_depth(const Strategy& s);
 // TensorFlow's require_replica_context(ctx): throws FailedPreconditionError
 // unless `ctx` is this thread's current replica context.
 void require_replica_context(const ReplicaContext& ctx, std::string_view api);
+// "<a> is not <b>" (`between` in the middle), for messages about mixed
+// strategies: two strategies that describe themselves alike are told apart
+// by their addresses.
+std::string strategies_apart(const Strategy& a, const Strategy& b, std::string_view between = " is not ");
 
 }  // namespace distribute::internal

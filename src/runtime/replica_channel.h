@@ -13,6 +13,7 @@
 
 #include "comm/threads/local_group.h"
 #include "distribute/communicator.h"
+#include "distribute/replica_context.h"
 #include "runtime/gather_layout.h"
 #include "runtime/signature.h"
 
@@ -41,6 +42,10 @@ struct alignas(64) ReplicaChannel {
   // (the others' arguments live on their stacks until then). Shared by the
   // run's replicas; reset before each run.
   std::atomic<std::uint64_t>* merge_args_taken = nullptr;
+  // Whether the run this channel's context belongs to is in progress (the
+  // contexts outlive their runs, so that one used after its run is told so);
+  // null for a thread's default replica context, which is always in use.
+  const std::atomic<bool>* running = nullptr;
   // What the last one-Tensor all_reduce, all_gather and broadcast worked out.
   CallMemo<> all_reduce_memo;
   CallMemo<std::optional<GatherLayout>> all_gather_memo;
@@ -49,10 +54,15 @@ struct alignas(64) ReplicaChannel {
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.
 struct RunResources {
-  std::mutex mutex;  // held for the whole run
+  std::timed_mutex mutex;  // held for the whole run
   std::shared_ptr<LocalGroup> local;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<ReplicaChannel> channels;
+  // The replicas' contexts, made at the first run and kept: a pointer to one
+  // kept past its run (get_replica_context()) stays valid as long as the
+  // strategy, and raises FailedPreconditionError instead of dangling.
+  std::vector<ReplicaContext> contexts;
+  std::atomic<bool> running{false};
   std::atomic<bool> merge_failure_agreed{false};
   std::atomic<std::uint64_t> merge_args_taken{0};
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -119,12 +120,32 @@ int first_replica_of_group(const ReplicaContext& ctx) {
   return ctx.replica_id_in_sync_group() - ctx.channel().comm->rank();
 }
 
+// A collective's output, which the communicator allocates: out of memory
+// there is raised on every replica alike (the communicator's contract), as
+// ResourceExhaustedError naming the collective and the size, not a bare
+// std::bad_alloc.
+template <class Make>
+std::shared_ptr<std::byte> collective_output(const CollectiveCall& call, DType dtype, std::size_t elements,
+                                             Make&& make) {
+  try {
+    return make();
+  } catch (const std::bad_alloc&) {
+    throw ResourceExhaustedError(std::string(call.op) + " #" + std::to_string(call.sequence) +
+                                 ": out of memory allocating its result, " +
+                                 internal::bytes_text(elements * size_of(dtype)) + " of " +
+                                 std::string(to_string(dtype)));
+  }
+}
+
 // Values of one dtype (a pack, or a lone value), reduced straight from the
 // values into one output, with no staging copy; the replicas of this process
 // may share it (all_reduce_shared), so results are read-only views into it.
 std::shared_ptr<std::byte> reduce_segments(ReplicaChannel& ch, std::span<const Communicator::Segment> segments,
                                            DType dtype, ReduceOp op, const CollectiveCall& call) {
-  std::shared_ptr<std::byte> result = ch.comm->all_reduce_shared(segments, dtype, op, call);
+  std::size_t elements = 0;
+  for (const Communicator::Segment& s : segments) elements += s.count;
+  std::shared_ptr<std::byte> result =
+      collective_output(call, dtype, elements, [&] { return ch.comm->all_reduce_shared(segments, dtype, op, call); });
   ++ch.data_calls;
   return result;
 }
@@ -380,8 +401,10 @@ void describe_all_gather(Signature& sig, const Nest<Tensor>& value, const std::v
 // the replicas of one process may share its storage (all_gather_v_shared).
 Tensor gather_leaf(ReplicaChannel& ch, const Tensor& leaf, const internal::GatherLayout& layout,
                    const CollectiveCall& call) {
-  std::shared_ptr<std::byte> storage =
-      ch.comm->all_gather_v_shared(leaf.raw_data(), layout.counts, layout.outer, leaf.dtype(), call);
+  const auto elements = static_cast<std::size_t>(layout.shape.num_elements());
+  std::shared_ptr<std::byte> storage = collective_output(call, leaf.dtype(), elements, [&] {
+    return ch.comm->all_gather_v_shared(leaf.raw_data(), layout.counts, layout.outer, leaf.dtype(), call);
+  });
   ++ch.data_calls;
   // No device name: the replica thread's device scope (this replica's device).
   return Tensor::from_shared(std::move(storage), leaf.dtype(), layout.shape).as_read_only();
@@ -575,7 +598,8 @@ std::vector<Tensor> broadcast_packed(ReplicaChannel& ch, const std::vector<Tenso
       }
       send = staged.get();
     }
-    std::shared_ptr<std::byte> result = ch.comm->broadcast_shared(send, pack.count, pack.dtype, root, call);
+    std::shared_ptr<std::byte> result = collective_output(
+        call, pack.dtype, pack.count, [&] { return ch.comm->broadcast_shared(send, pack.count, pack.dtype, root, call); });
     ++ch.data_calls;
     call.signature_tag = 0;
     staged.reset();
@@ -666,8 +690,10 @@ Tensor ReplicaContext::broadcast(const Tensor& value, int root_replica, const Co
   return broadcast_or_explain(
       *this, root_replica, bytes_per_pack, sig, first, {&value, 1},
       [&] {
-        std::shared_ptr<std::byte> result = ch.comm->broadcast_shared(
-            value.raw_data(), static_cast<std::size_t>(value.num_elements()), value.dtype(), root, first);
+        const auto elements = static_cast<std::size_t>(value.num_elements());
+        std::shared_ptr<std::byte> result = collective_output(first, value.dtype(), elements, [&] {
+          return ch.comm->broadcast_shared(value.raw_data(), elements, value.dtype(), root, first);
+        });
         ++ch.data_calls;
         return result_view(std::move(result), 0, value, /*device=*/{});
       },

@@ -1,5 +1,6 @@
 #include "runtime/replica_pool.h"
 
+#include <cxxabi.h>
 #include <pthread.h>
 
 #include <cerrno>
@@ -36,7 +37,7 @@ void start_thread(std::vector<std::thread>& threads, Body&& body) {
 
 void fail_thread_starts_for_testing(int starts) { starts_before_failure = starts; }
 
-ReplicaPool::ReplicaPool(int replicas) {
+ReplicaPool::ReplicaPool(int replicas) : ended_(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0), false) {
   workers_.reserve(static_cast<std::size_t>(replicas > 1 ? replicas - 1 : 0));
   try {
     for (int r = 1; r < replicas; ++r) start_thread(workers_, [this, r] { worker_loop(r); });
@@ -50,6 +51,16 @@ ReplicaPool::ReplicaPool(int replicas) {
 }
 
 ReplicaPool::~ReplicaPool() { stop_workers(); }
+
+void ReplicaPool::replace_ended_workers() {
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    if (!ended_[w]) continue;
+    workers_[w].join();  // it has returned already
+    ended_[w] = false;
+    const int r = static_cast<int>(w) + 1;
+    workers_[w] = std::thread([this, r] { worker_loop(r); });
+  }
+}
 
 void ReplicaPool::stop_workers() {
   {
@@ -72,7 +83,16 @@ void ReplicaPool::worker_loop(int replica) {
       seen = generation_;
       task = task_;
     }
-    (*task)(replica);
+    try {
+      (*task)(replica);
+    } catch (abi::__forced_unwind&) {
+      // The replica called pthread_exit: this thread ends (the unwinding must
+      // go on); the next run starts another in its place.
+      std::lock_guard<std::mutex> lock(mu_);
+      ended_[static_cast<std::size_t>(replica - 1)] = true;
+      if (--pending_ == 0) done_cv_.notify_one();
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (--pending_ == 0) done_cv_.notify_one();
   }
@@ -81,12 +101,24 @@ void ReplicaPool::worker_loop(int replica) {
 void ReplicaPool::run(const std::function<void(int)>& task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    replace_ended_workers();
     task_ = &task;
     pending_ = static_cast<int>(workers_.size());
     ++generation_;
   }
   start_cv_.notify_all();
-  task(0);
+  try {
+    task(0);
+  } catch (abi::__forced_unwind&) {
+    // Replica 0 called pthread_exit: the workers still run `task`, which
+    // lives in a frame this unwinding is about to leave; wait for them first.
+    wait_for_workers();
+    throw;
+  }
+  wait_for_workers();
+}
+
+void ReplicaPool::wait_for_workers() {
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   task_ = nullptr;
@@ -111,7 +143,12 @@ void run_on_new_threads(int replicas, const std::function<void(int)>& task,
     for (auto& t : threads) t.join();
     throw;
   }
-  task(0);
+  try {
+    task(0);
+  } catch (abi::__forced_unwind&) {
+    for (auto& t : threads) t.join();  // they run `task`, in a frame the unwinding leaves
+    throw;
+  }
   for (auto& t : threads) t.join();
 }
 

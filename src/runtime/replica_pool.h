@@ -22,12 +22,18 @@ class ReplicaPool {
   ReplicaPool& operator=(const ReplicaPool&) = delete;
 
   // Calls task(i) for every replica i (task(0) on this thread) and returns
-  // when all have returned. `task` must not throw. Not reentrant.
+  // when all have returned. `task` must not throw, except the forced unwind
+  // of pthread_exit: that thread ends (a worker is replaced at the next run;
+  // on this thread the unwinding goes on once every worker has returned).
+  // Not reentrant.
   void run(const std::function<void(int)>& task);
 
  private:
   void worker_loop(int replica);
   void stop_workers();
+  void wait_for_workers();
+  // Starts a new thread for each worker that ended in pthread_exit (mu_ held).
+  void replace_ended_workers();
 
   std::mutex mu_;
   std::condition_variable start_cv_;
@@ -36,6 +42,7 @@ class ReplicaPool {
   std::uint64_t generation_ = 0;
   int pending_ = 0;
   bool stopping_ = false;
+  std::vector<bool> ended_;  // per worker: it ended in pthread_exit (mu_)
   std::vector<std::thread> workers_;
 };
 

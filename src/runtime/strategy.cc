@@ -88,6 +88,7 @@ struct StrategyState {
         ch.local = res->local.get();
         ch.merge_failure_agreed = &res->merge_failure_agreed;
         ch.merge_args_taken = &res->merge_args_taken;
+        ch.running = &res->running;
         ch.depth = static_cast<int>(by_depth.size());
         ch.stall_warning_seconds = stall;
       }
@@ -351,6 +352,43 @@ std::string Strategy::describe() const {
   return describe_strategy(name(), num_replicas_in_sync_, devices_, state_->workers);
 }
 
+namespace {
+// Takes the turn of a run at one depth (runs of one strategy take turns),
+// within `timeout` seconds (0: none): DeadlineExceededError past it, a
+// warning on stderr every `stall` seconds (0: none).
+void take_turn(std::unique_lock<std::timed_mutex>& run_lock, std::string_view api, const Strategy& strategy,
+               double timeout, double stall) {
+  if (run_lock.try_lock()) return;
+  // Another run of this strategy is in progress on another thread. A thread
+  // that one of its replicas started, and waits for, would wait here for
+  // ever: that run holds every replica. The strategy's timeout bounds the
+  // wait, and the stall warning names it.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = internal::deadline_after(start, timeout);
+  Clock::time_point warn_at = internal::deadline_after(start, stall);
+  const std::string waiting = std::string(api) + " of " + strategy.describe() +
+                              " waits for another run of it, in progress on another thread, to end (runs of one "
+                              "strategy take turns; a thread that a replica started cannot run the same strategy "
+                              "while that replica waits for it: that run holds every replica)";
+  for (;;) {
+    const Clock::time_point next = std::min(deadline, warn_at);
+    if (next == Clock::time_point::max()) {
+      run_lock.lock();
+      return;
+    }
+    if (run_lock.try_lock_until(next)) return;
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (Clock::now() >= deadline) {
+      throw DeadlineExceededError(std::string(api) + " timed out after " + std::to_string(waited).substr(0, 5) +
+                                  " s: " + waiting);
+    }
+    std::fprintf(stderr, "distribute: warning: %s; waited %.1f s\n", waiting.c_str(), waited);
+    warn_at = internal::deadline_after(Clock::now(), stall);
+  }
+}
+}  // namespace
+
 void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api) {
   require_cross_replica_or_default(api);
   const int depth = internal::current_merge_depth(*this) + 1;
@@ -358,15 +396,23 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   internal::RunResources& res = state_->resources(depth, n, state_->stall_warning_seconds);
   // Runs of one strategy at one depth take turns: concurrent top-level runs from
   // several threads, or nested runs from merge_fns of default contexts on two threads.
-  std::lock_guard<std::mutex> run_lock(res.mutex);
+  std::unique_lock<std::timed_mutex> run_lock(res.mutex, std::defer_lock);
+  take_turn(run_lock, api, *this, options_.timeout ? options_.timeout->count() : 0, state_->stall_warning_seconds);
   res.reset();
   StrategyScope scope_guard = scope();
 
-  std::vector<ReplicaContext> contexts;
-  contexts.reserve(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    contexts.emplace_back(*this, first_replica_id_ + i, i, &res.channels[static_cast<std::size_t>(i)]);
+  std::vector<ReplicaContext>& contexts = res.contexts;
+  if (contexts.empty()) {
+    contexts.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      contexts.emplace_back(*this, first_replica_id_ + i, i, &res.channels[static_cast<std::size_t>(i)]);
+    }
   }
+  struct Running {
+    std::atomic<bool>& flag;
+    explicit Running(std::atomic<bool>& f) : flag(f) { flag.store(true, std::memory_order_release); }
+    ~Running() { flag.store(false, std::memory_order_release); }
+  } running(res.running);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   const std::function<void(int)> replica_main = [&](int i) {
     const auto idx = static_cast<std::size_t>(i);
@@ -375,6 +421,22 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
       internal::DeviceScope device(devices_[idx]);
       try {
         body(contexts[idx]);
+      } catch (abi::__forced_unwind&) {
+        // pthread_exit (or a cancellation) in the replica function: its thread
+        // ends, so must this replica's part. The unwinding has to go on (a
+        // forced unwind that is caught and not rethrown ends the process);
+        // the others are told, and the run raises this in its place.
+        errors[idx] = std::make_exception_ptr(FailedPreconditionError(
+            "Replica " + std::to_string(first_replica_id_ + i) +
+            " called pthread_exit (or its thread was cancelled) inside its replica function: its thread ended "
+            "there, and so did its part of the run"));
+        res.abort(ErrorCode::kAborted,
+                  "Replica " + std::to_string(first_replica_id_ + i) +
+                      " ended its thread (pthread_exit) inside its replica function; the collectives of the other "
+                      "replicas were aborted.",
+                  i);
+        res.local->mark_done(i);
+        throw;
       } catch (...) {
         errors[idx] = std::current_exception();
         // An error every replica raised alike leaves nobody waiting: the

@@ -87,8 +87,9 @@ Where where(const Strategy& s, const std::string& name, std::string_view api) {
   if (internal::mode_stack().empty()) return {Context::kCrossReplica};
   if (mode.replica != nullptr && mode.strategy == &s) return {Context::kReplica, mode.replica};
   if (mode.cross_replica == &s) return {Context::kCrossReplica};
-  throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " + mode.strategy->describe() +
-                                " is not " + s.describe() + " (variable '" + name + "', " + std::string(api) + ")");
+  throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " +
+                                internal::strategies_apart(*mode.strategy, s) + " (variable '" + name + "', " +
+                                std::string(api) + ")");
 }
 
 const char* write_name(int kind) {
@@ -218,8 +219,8 @@ std::size_t Variable::size() const { return state_->components.size(); }
 void Variable::check_strategy(const Strategy& s, std::string_view api) const {
   if (!state_->ref->is(s)) {
     throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: variable '" + state_->name +
-                                  "' belongs to " + state_->strategy().describe() + ", not " + s.describe() + " (" +
-                                  std::string(api) + ")");
+                                  "' belongs to " + internal::strategies_apart(state_->strategy(), s, ", not ") +
+                                  " (" + std::string(api) + ")");
   }
 }
 

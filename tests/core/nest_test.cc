@@ -225,5 +225,36 @@ TEST(NestReprTest, TensorLeavesUseTheirRepr) {
   EXPECT_EQ(n.flatten()[1], constant(2.0f));
 }
 
+// A nest may be kMaxDepth levels deep; one level more is refused as it is
+// built, so a nest 100,000 levels deep is an error, not a stack overflow in
+// a replica thread's recursive walk (or in its destructor).
+TEST(NestTest, NestingPastTheLimitIsRefused) {
+  using IntNest = Nest<int>;
+  IntNest deep = IntNest(1);
+  for (std::size_t d = 0; d < IntNest::kMaxDepth; ++d) {
+    deep = (d % 3 == 0) ? IntNest::list({deep}) : IntNest::tuple({deep, 2});
+  }
+  EXPECT_EQ(deep.depth(), IntNest::kMaxDepth);
+  EXPECT_EQ(deep.num_leaves(), 1 + 2 * (IntNest::kMaxDepth / 3));
+  std::string msg;
+  try {
+    IntNest::dict({{"x", deep}});
+  } catch (const InvalidArgumentError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("more than 1000 levels"), std::string::npos) << msg;
+  EXPECT_THROW(IntNest::list({deep}), InvalidArgumentError);
+  // Building towards 100,000 levels stops at the limit.
+  IntNest built = IntNest(0);
+  std::size_t levels = 0;
+  try {
+    for (; levels < 100000; ++levels) built = IntNest::list({built});
+  } catch (const InvalidArgumentError&) {
+  }
+  EXPECT_EQ(levels, IntNest::kMaxDepth);
+  EXPECT_EQ(IntNest().depth(), 1u);
+  EXPECT_EQ(IntNest(3).depth(), 0u);
+}
+
 }  // namespace
 }  // namespace distribute

@@ -330,5 +330,68 @@ TEST(ContextTest, MergeCallOnWrongContext) {
   });
 }
 
+// A ReplicaContext kept past its run (TensorFlow keeps the object usable):
+// its collectives raise a typed error naming the replica and the strategy,
+// instead of reading a dead stack frame. Its plain accessors still answer.
+TEST(ContextTest, AContextUsedAfterItsRunRaises) {
+  auto s = testing::mirrored(2);
+  std::atomic<ReplicaContext*> kept{nullptr};
+  s->run([&](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1) kept = &ctx;
+  });
+  ASSERT_NE(kept.load(), nullptr);
+  EXPECT_EQ(kept.load()->replica_id_in_sync_group(), 1);
+  EXPECT_EQ(kept.load()->num_replicas_in_sync(), 2);
+  auto msg = testing::expect_throw<FailedPreconditionError>(
+      [&] { kept.load()->all_reduce(ReduceOp::kSum, constant(1)); });
+  EXPECT_NE(msg.find("context of replica 1 of MirroredStrategy(2 replicas"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("after its run returned"), std::string::npos) << msg;
+  msg = testing::expect_throw<FailedPreconditionError>([&] { kept.load()->all_gather(constant({1}), 0); });
+  EXPECT_NE(msg.find("after its run returned"), std::string::npos) << msg;
+  // The next run gives the same replica the same context again.
+  s->run([&](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1) {
+      EXPECT_EQ(&ctx, kept.load());
+    }
+    ctx.all_reduce(ReduceOp::kSum, constant(1));
+  });
+}
+
+// A thread that a replica starts is no replica: using the replica's context
+// there says so (it used to say that two strategies differ).
+TEST(ContextTest, AContextUsedFromAThreadTheReplicaStartedSaysSo) {
+  auto s = testing::mirrored(2);
+  s->run([&](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() != 0) return;
+    std::string msg;
+    std::thread helper([&] {
+      msg = testing::expect_throw<FailedPreconditionError>([&] { ctx.all_reduce(ReduceOp::kSum, constant(1)); });
+    });
+    helper.join();
+    EXPECT_NE(msg.find("from a thread that is not that replica's"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("Mismatching tf.distribute.Strategy objects"), std::string::npos) << msg;
+  });
+}
+
+// Two strategies that print alike are told apart by their addresses.
+TEST(ContextTest, StrategiesThatPrintAlikeAreToldApart) {
+  auto a = testing::mirrored(2);
+  auto b = testing::mirrored(2);
+  ASSERT_EQ(a->describe(), b->describe());
+  MirroredVariable w = [&] {
+    auto scope = a->scope();
+    return MirroredVariable(constant(1.f), {.name = "w"});
+  }();
+  auto scope = b->scope();
+  auto msg = testing::expect_throw<FailedPreconditionError>([&] { w.assign(constant(2.f)); });
+  EXPECT_NE(msg.find(" at 0x"), std::string::npos) << msg;
+  msg = testing::expect_throw<FailedPreconditionError>([&] { static_cast<void>(a->scope()); });
+  EXPECT_NE(msg.find(" at 0x"), std::string::npos) << msg;
+  // Strategies that print differently need no address.
+  auto c = testing::mirrored(3);
+  msg = testing::expect_throw<FailedPreconditionError>([&] { static_cast<void>(c->scope()); });
+  EXPECT_EQ(msg.find(" at 0x"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace distribute

@@ -1,6 +1,7 @@
 // Where TensorFlow hangs or corrupts, distribute raises the same clear error on
 // every replica, and the strategy runs again afterwards.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
@@ -504,6 +505,87 @@ TEST(FailureTest, ManyFailingRunsInARowLeaveNothingBehind) {
                  std::runtime_error);
   }
   expect_usable(*s);
+}
+
+// pthread_exit inside a replica function ends that replica's thread; the
+// process goes on (the forced unwind used to be caught and not rethrown,
+// which ends the process): the others are aborted, run raises
+// FailedPreconditionError naming the replica, and the next run works on a
+// thread started in the ended one's place.
+TEST(FailureTest, AReplicaThatCallsPthreadExitEndsOnlyItsPart) {
+  auto s = testing::mirrored(3);
+  auto [outcomes, from_run] = run_and_record(*s, [](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1) pthread_exit(nullptr);
+    ctx.all_reduce(ReduceOp::kSum, constant(1));
+  });
+  EXPECT_EQ(from_run.type, "FailedPreconditionError");
+  EXPECT_NE(from_run.message.find("Replica 1 called pthread_exit"), std::string::npos) << from_run.message;
+  EXPECT_EQ(outcomes[0].type, "AbortedError");
+  EXPECT_NE(outcomes[0].message.find("Replica 1 ended its thread (pthread_exit)"), std::string::npos)
+      << outcomes[0].message;
+  expect_usable(*s);
+  expect_usable(*s);
+}
+
+// Replica 0 runs on the caller's thread: pthread_exit there ends the
+// caller's thread, once the other replicas have returned.
+TEST(FailureTest, PthreadExitOnTheCallersThreadEndsItAfterTheOthers) {
+  auto s = testing::mirrored(2);
+  std::atomic<bool> after_run{false};
+  std::string other;
+  std::thread caller([&] {
+    s->run([&](ReplicaContext& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0) pthread_exit(nullptr);
+      try {
+        ctx.all_reduce(ReduceOp::kSum, constant(1));
+      } catch (const AbortedError& e) {
+        other = e.message();
+        throw;
+      }
+    });
+    after_run = true;  // never reached: the thread ends inside run
+  });
+  caller.join();
+  EXPECT_FALSE(after_run.load());
+  EXPECT_NE(other.find("Replica 0 ended its thread (pthread_exit)"), std::string::npos) << other;
+  expect_usable(*s);
+}
+
+// run from a thread that a replica started and waits for: that run holds
+// every replica, so the new run can never start. The strategy's timeout
+// bounds the wait with an error that says why (it waited for ever).
+TEST(FailureTest, ARunFromAThreadAReplicaWaitsForIsBoundedByTheTimeout) {
+  auto s = testing::mirrored(2, {.timeout = std::chrono::duration<double>(0.3)});
+  std::string msg;
+  double seconds = 0;
+  s->run([&](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() != 0) return;
+    std::thread helper([&] {
+      const auto start = Clock::now();
+      msg = testing::expect_throw<DeadlineExceededError>([&] { s->run([] {}); });
+      seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    });
+    helper.join();
+  });
+  EXPECT_NE(msg.find("waits for another run of it, in progress on another thread"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("a thread that a replica started cannot run the same strategy"), std::string::npos) << msg;
+  EXPECT_GE(seconds, 0.3);
+  EXPECT_LT(seconds, 5.0);
+  // Runs from two threads still take turns.
+  std::thread other([&] { expect_usable(*s); });
+  expect_usable(*s);
+  other.join();
+}
+
+// A tensor that cannot be allocated is ResourceExhaustedError naming its
+// bytes, dtype and shape (it was a bare std::bad_alloc).
+TEST(FailureTest, AnAllocationThatFailsNamesBytesAndShape) {
+  const std::int64_t elements = (std::int64_t{1} << 62) + 1;
+  const auto msg = testing::expect_throw<ResourceExhaustedError>(
+      [&] { Tensor::uninitialized(DType::kUInt8, Shape{elements}, "CPU:0"); });
+  EXPECT_NE(msg.find("4,611,686,018,427,387,905 bytes (4.0 EiB)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("uint8 of shape (4611686018427387905,)"), std::string::npos) << msg;
+  EXPECT_THROW(Tensor(DType::kUInt8, Shape{elements}), ResourceExhaustedError);
 }
 
 }  // namespace
