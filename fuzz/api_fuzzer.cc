@@ -489,6 +489,16 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
     if (!negative && __builtin_mul_overflow(bytes, d, &bytes)) overflows = true;
   }
   const bool has_zero = std::find(owned->shape.begin(), owned->shape.end(), 0) != owned->shape.end();
+  // An import of bools reads every element (a byte other than 0 and 1 is
+  // refused): a bool tensor of a large shape would read past the buffer,
+  // where a real producer's memory holds every element. Small ones only.
+  if (t.dtype.code == 6 && t.dtype.bits == 8 && !small && !negative && !overflows && !has_zero) {
+    for (std::int64_t& d : owned->shape) d = std::min<std::int64_t>(std::max<std::int64_t>(d, 0), 5);
+    small = true;
+  }
+  // Now and then a bool byte that is neither 0 nor 1, which must be refused.
+  const bool stray_bool = t.dtype.code == 6 && t.dtype.bits == 8 && in.ConsumeIntegralInRange<int>(0, 3) == 0;
+  if (stray_bool && t.data != nullptr) static_cast<unsigned char*>(t.data)[t.byte_offset] = 2;
   const std::vector<std::int64_t> shape = owned->shape;
   Owned* raw = owned.release();
   try {
@@ -501,12 +511,14 @@ void fuzz_dlpack(FuzzedDataProvider& in) {
     }
     if (overflows && !has_zero) fail("from_dlpack accepted a shape whose byte count overflows int64");
     if (imported.shape().dims() != shape) fail("from_dlpack changed the shape");
+    if (stray_bool && t.data != nullptr && imported.num_elements() > 0) fail("from_dlpack accepted a bool byte of 2");
     if (small) {
       // Reading every byte lets ASan check that the tensor stays inside the buffer.
       std::size_t sum = 0;
       const auto* p = static_cast<const unsigned char*>(imported.raw_data());
       for (std::size_t i = 0; i < imported.nbytes(); ++i) sum += p[i];
-      if (sum != 0) fail("from_dlpack's tensor holds bytes it was not given");  // the buffer is zeroed
+      // The buffer is zeroed (a stray bool byte is refused above).
+      if (sum != 0) fail("from_dlpack's tensor holds bytes it was not given");
     }
     Tensor copy = imported;
     if (deleted != 0) fail("from_dlpack's tensor called the deleter while still alive");

@@ -1,6 +1,7 @@
 #include "distribute/dlpack.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -147,6 +148,22 @@ Tensor from_dlpack(DLManagedTensor* managed) {
                                std::string(to_string(dtype)));
   }
   internal::checked_nbytes(dtype, shape);
+  if (dtype == DType::kBool) {
+    // A bool byte other than 0 and 1 is true to some kernels and not to
+    // others (it printed True, its MIN was False, a cast kept the byte).
+    // The memory is the producer's, shared, not copied: refused, not changed.
+    const auto n = static_cast<std::size_t>(shape.num_elements());
+    const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (bytes[i] > 1) {
+        char held[8];
+        std::snprintf(held, sizeof held, "0x%02x", bytes[i]);
+        throw InvalidArgumentError("from_dlpack: bool element " + std::to_string(i) + " of shape " +
+                                   shape.to_string() + " holds the byte " + held +
+                                   "; a bool must be 0 or 1 (convert it, e.g. with != 0, before importing)");
+      }
+    }
+  }
   // The Tensor takes `managed` only once it exists: if making it throws (out
   // of memory), nothing was taken and the caller still owns `managed`.
   struct Release {

@@ -54,7 +54,7 @@ struct alignas(64) ReplicaChannel {
 
 // Everything a run at one nesting depth needs, kept by the strategy between runs.
 struct RunResources {
-  std::timed_mutex mutex;  // held for the whole run
+  std::mutex mutex;  // held for the whole run
   std::shared_ptr<LocalGroup> local;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<ReplicaChannel> channels;

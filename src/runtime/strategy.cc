@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <typeinfo>
 
 #include "comm/hierarchical/hierarchical_communicator.h"
@@ -356,7 +357,7 @@ namespace {
 // Takes the turn of a run at one depth (runs of one strategy take turns),
 // within `timeout` seconds (0: none): DeadlineExceededError past it, a
 // warning on stderr every `stall` seconds (0: none).
-void take_turn(std::unique_lock<std::timed_mutex>& run_lock, std::string_view api, const Strategy& strategy,
+void take_turn(std::unique_lock<std::mutex>& run_lock, std::string_view api, const Strategy& strategy,
                double timeout, double stall) {
   if (run_lock.try_lock()) return;
   // Another run of this strategy is in progress on another thread. A thread
@@ -371,20 +372,28 @@ void take_turn(std::unique_lock<std::timed_mutex>& run_lock, std::string_view ap
                               " waits for another run of it, in progress on another thread, to end (runs of one "
                               "strategy take turns; a thread that a replica started cannot run the same strategy "
                               "while that replica waits for it: that run holds every replica)";
+  // Polled, with sleeps growing to 1 ms: the wait is rare (a contended
+  // strategy), and a timed lock (pthread_mutex_clocklock) is one that
+  // ThreadSanitizer does not see taken.
+  auto pause = std::chrono::microseconds(50);
   for (;;) {
-    const Clock::time_point next = std::min(deadline, warn_at);
-    if (next == Clock::time_point::max()) {
+    if (deadline == Clock::time_point::max() && warn_at == Clock::time_point::max()) {
       run_lock.lock();
       return;
     }
-    if (run_lock.try_lock_until(next)) return;
-    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-    if (Clock::now() >= deadline) {
+    if (run_lock.try_lock()) return;
+    const Clock::time_point now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - start).count();
+    if (now >= deadline) {
       throw DeadlineExceededError(std::string(api) + " timed out after " + std::to_string(waited).substr(0, 5) +
                                   " s: " + waiting);
     }
-    std::fprintf(stderr, "distribute: warning: %s; waited %.1f s\n", waiting.c_str(), waited);
-    warn_at = internal::deadline_after(Clock::now(), stall);
+    if (now >= warn_at) {
+      std::fprintf(stderr, "distribute: warning: %s; waited %.1f s\n", waiting.c_str(), waited);
+      warn_at = internal::deadline_after(now, stall);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(2 * pause, std::chrono::milliseconds(1));
   }
 }
 }  // namespace
@@ -396,7 +405,7 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   internal::RunResources& res = state_->resources(depth, n, state_->stall_warning_seconds);
   // Runs of one strategy at one depth take turns: concurrent top-level runs from
   // several threads, or nested runs from merge_fns of default contexts on two threads.
-  std::unique_lock<std::timed_mutex> run_lock(res.mutex, std::defer_lock);
+  std::unique_lock<std::mutex> run_lock(res.mutex, std::defer_lock);
   take_turn(run_lock, api, *this, options_.timeout ? options_.timeout->count() : 0, state_->stall_warning_seconds);
   res.reset();
   StrategyScope scope_guard = scope();

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -263,6 +265,33 @@ TEST(DLPackRejectTest, LanesOtherThanOne) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("lanes 4"), std::string::npos) << e.what();
   });
+}
+
+// A bool byte other than 0 and 1 (2, 0xff) reduced inconsistently (printed
+// True, its MIN False, a cast kept the byte): refused on import, naming the
+// element and the byte. 0 and 1 are accepted as they are, without a copy.
+TEST(DLPackRejectTest, BoolBytesOtherThanZeroAndOne) {
+  constexpr DLDataType kBoolDL{6, 8, 1};
+  std::vector<std::uint8_t> good = {0, 1, 1, 0};
+  Owned ok(good.data(), kBoolDL, {2, 2});
+  {
+    Tensor t = from_dlpack(&ok.managed);
+    EXPECT_EQ(t.dtype(), DType::kBool);
+    EXPECT_EQ(t.raw_data(), good.data());
+    EXPECT_EQ(t.to_list_string(), "[[False, True], [True, False]]");
+  }
+  for (std::uint8_t stray : {std::uint8_t{2}, std::uint8_t{0xff}}) {
+    std::vector<std::uint8_t> bad = {0, 1, stray, 1};
+    Owned o(bad.data(), kBoolDL, {4});
+    expect_rejected(o, [&](const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      char held[8];
+      std::snprintf(held, sizeof held, "0x%02x", stray);
+      EXPECT_NE(std::string(e.what()).find("bool element 2 of shape (4,) holds the byte " + std::string(held)),
+                std::string::npos)
+          << e.what();
+    });
+  }
 }
 
 struct BadDType {

@@ -76,13 +76,13 @@ Args parse(int argc, char** argv) {
     if (flag == "--collectives") {
       a.collectives = parse_int(flag, value, 1);
     } else if (flag == "--replicas") {
-      a.replicas = static_cast<int>(parse_int(flag, value, 1));
+      a.replicas = tools::parse_int32(flag, value, 1, 4096);
     } else if (flag == "--max-bytes") {
-      a.max_bytes = parse_int(flag, value, 16);
+      a.max_bytes = parse_int(flag, value, 16, std::int64_t{1} << 30);
     } else if (flag == "--fault-every") {
       a.fault_every = parse_int(flag, value, 0);
     } else if (flag == "--per-run") {
-      a.per_run = static_cast<int>(parse_int(flag, value, 1));
+      a.per_run = tools::parse_int32(flag, value, 1);
     } else if (flag == "--seed") {
       a.seed = static_cast<std::uint64_t>(parse_int(flag, value, 0));
     } else if (flag == "--strategy") {

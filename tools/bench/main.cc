@@ -22,6 +22,7 @@
 //
 //   mpirun -np 2 distribute-bench --op all_reduce --replicas 1 -b 8 -e 64M -f 4 --check
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,14 +33,17 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "agree.h"
 #include "comm/threads/shared_memory_communicator.h"
 #include "distribute/distribute.h"
+#include "flags.h"
 #include "runtime/replica_channel.h"
 
 #ifdef DIST_HAVE_MPI
@@ -99,16 +103,33 @@ struct Options {
   std::exit(2);
 }
 
-std::size_t parse_size(const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || v < 0) usage("bad size '" + text + "'");
-  double mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1024;
-  if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024;
-  if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024;
-  if (*end != '\0' && mult == 1) usage("bad size '" + text + "'");
-  return static_cast<std::size_t>(v * mult);
+// The most replicas (threads) a run may ask for, and the most message sizes a sweep may have.
+constexpr int kMaxReplicas = 4096;
+constexpr std::size_t kMaxSizes = 1000;
+
+// The message sizes of the sweep from -b to -e by -f (each at least one byte more than the last).
+std::size_t next_size(std::size_t bytes, double factor) {
+  const double grown = static_cast<double>(bytes) * factor;
+  return grown >= 0x1p63 ? std::numeric_limits<std::size_t>::max()
+                         : std::max(bytes + 1, static_cast<std::size_t>(grown));
+}
+std::size_t sweep_sizes(std::size_t min_bytes, std::size_t max_bytes, double factor) {
+  std::size_t n = 0;
+  for (std::size_t b = min_bytes; b <= max_bytes && n <= kMaxSizes; b = next_size(b, factor)) {
+    ++n;
+    if (b == std::numeric_limits<std::size_t>::max()) break;
+  }
+  return n;
+}
+
+// Flag values, range-checked before they are narrowed (tools/common/flags.h).
+template <class Parse>
+auto flag_value(Parse&& parse) {
+  try {
+    return parse();
+  } catch (const tools::UsageError& e) {
+    usage(e.what());
+  }
 }
 
 DType parse_dtype(const std::string& name) {
@@ -127,7 +148,7 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--op") o.op = value();
-    else if (a == "--replicas" || a == "-t") o.replicas = std::atoi(value().c_str());
+    else if (a == "--replicas" || a == "-t") o.replicas = flag_value([&] { return tools::parse_int32(a, value(), 1, kMaxReplicas); });
     else if (a == "--dtype" || a == "-d") o.dtype = parse_dtype(value());
     else if (a == "--redop" || a == "-o") {
       try {
@@ -135,11 +156,11 @@ Options parse(int argc, char** argv) {
       } catch (const Error& e) {
         usage(e.message());
       }
-    } else if (a == "-b" || a == "--minbytes") o.min_bytes = parse_size(value());
-    else if (a == "-e" || a == "--maxbytes") o.max_bytes = parse_size(value());
-    else if (a == "-f" || a == "--stepfactor") o.factor = std::atof(value().c_str());
-    else if (a == "--iters" || a == "-n") o.iters = std::atoi(value().c_str());
-    else if (a == "--warmup" || a == "-w") o.warmup = std::atoi(value().c_str());
+    } else if (a == "-b" || a == "--minbytes") o.min_bytes = flag_value([&] { return tools::parse_bytes(a, value()); });
+    else if (a == "-e" || a == "--maxbytes") o.max_bytes = flag_value([&] { return tools::parse_bytes(a, value()); });
+    else if (a == "-f" || a == "--stepfactor") o.factor = flag_value([&] { return tools::parse_positive(a, value()); });
+    else if (a == "--iters" || a == "-n") o.iters = flag_value([&] { return tools::parse_int32(a, value(), 1); });
+    else if (a == "--warmup" || a == "-w") o.warmup = flag_value([&] { return tools::parse_int32(a, value(), 0); });
     else if (a == "--check" || a == "-c") o.check = true;
     else if (a == "--interleave-memcpy") o.interleave_memcpy = true;
     else if (a == "--shared-output") o.shared_output = true;
@@ -147,7 +168,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--in-place") o.in_place = true;
     else if (a == "--api") o.api = value();
     else if (a == "--csv") o.csv = value();
-    else if (a == "--batch") o.batch = std::atoi(value().c_str());
+    else if (a == "--batch") o.batch = flag_value([&] { return tools::parse_int32(a, value(), 0, 1 << 20); });
     else usage("unknown flag '" + a + "'");
   }
   if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast" && o.op != "reduce_scatter") {
@@ -163,8 +184,26 @@ Options parse(int argc, char** argv) {
   if (o.in_place && (o.op != "broadcast" || o.shared_output || o.api == "tensor")) {
     usage("--in-place is for the engine's --op broadcast into its own buffers (--api raw or both, no --shared-output)");
   }
-  if (o.replicas < 1 || o.iters < 1 || o.warmup < 0 || o.factor <= 1 || o.min_bytes > o.max_bytes) {
-    usage("need --replicas >= 1, --iters >= 1, --warmup >= 0, -f > 1 and -b <= -e");
+  if (o.factor <= 1) usage("-f must be > 1, got " + std::to_string(o.factor));
+  if (o.min_bytes > o.max_bytes) {
+    usage("-b (" + tools::grouped(static_cast<std::int64_t>(o.min_bytes)) + " bytes) must be <= -e (" +
+          tools::grouped(static_cast<std::int64_t>(o.max_bytes)) + " bytes)");
+  }
+  // The largest message's buffers (each replica's input and output) must fit
+  // in memory: a replica thread whose allocation fails cannot stop the others.
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double needed = 2.0 * static_cast<double>(o.max_bytes) * o.replicas;
+  if (memory > 0 && needed > memory) {
+    char text[160];
+    std::snprintf(text, sizeof text, "%.3g GiB for its input and output on %d replicas, more than this machine's %.3g GiB",
+                  needed / (1u << 30), o.replicas, memory / (1u << 30));
+    usage("-e " + tools::grouped(static_cast<std::int64_t>(o.max_bytes)) + " bytes needs at least " + text +
+          " of memory");
+  }
+  if (sweep_sizes(o.min_bytes, o.max_bytes, o.factor) > kMaxSizes) {
+    usage("-f " + std::to_string(o.factor) + " from -b " + tools::grouped(static_cast<std::int64_t>(o.min_bytes)) +
+          " to -e " + tools::grouped(static_cast<std::int64_t>(o.max_bytes)) + " bytes makes more than " +
+          std::to_string(kMaxSizes) + " message sizes; use a larger -f");
   }
   return o;
 }
@@ -543,6 +582,18 @@ int run_multi_worker(const Options& o) {
   if (o.in_place) usage("--in-place is for one process: under mpirun the engine's broadcast is in place, as MPI_Bcast");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   MultiWorkerMirroredStrategy strategy(o.replicas, link);
+  // Workers that sweep other sizes or ops would meet in different calls.
+  tools::agree_on_flags(strategy,
+                        {{"--op", o.op},
+                         {"--dtype", std::string(to_string(o.dtype))},
+                         {"--redop", std::string(to_string(o.redop))},
+                         {"-b", std::to_string(o.min_bytes)},
+                         {"-e", std::to_string(o.max_bytes)},
+                         {"-f", std::to_string(o.factor)},
+                         {"--iters", std::to_string(o.iters)},
+                         {"--warmup", std::to_string(o.warmup)},
+                         {"--check", o.check ? "on" : "off"},
+                         {"--api", o.api}});
   const int workers = strategy.num_workers(), n = strategy.num_replicas_in_sync();
   const bool leader = strategy.worker_rank() == 0;
   const MPI_Datatype type = mpi_type(o.dtype);
@@ -560,7 +611,7 @@ int run_multi_worker(const Options& o) {
   }
   std::size_t total_wrong = 0;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
-       bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * o.factor))) {
+       bytes = next_size(bytes, o.factor)) {
     std::size_t count = std::max<std::size_t>(1, bytes / esz);
     if (o.op == "all_gather") count = std::max<std::size_t>(1, count / static_cast<std::size_t>(n)) * static_cast<std::size_t>(n);
     const std::size_t per_replica = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;
@@ -693,7 +744,7 @@ int run_benchmark(const Options& o) {
   }
   std::vector<Row> rows;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
-       bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * o.factor))) {
+       bytes = next_size(bytes, o.factor)) {
     std::size_t count = std::max<std::size_t>(1, bytes / esz);
     if (o.op == "all_gather" || o.op == "reduce_scatter") {
       count = std::max<std::size_t>(1, count / static_cast<std::size_t>(o.replicas)) *
@@ -768,6 +819,12 @@ int main(int argc, char** argv) {
     o.stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
     return run_benchmark(o);
   } catch (const Error& e) {
+    std::fprintf(stderr, "distribute-bench: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "distribute-bench: out of memory (use a smaller -e or fewer --replicas)\n");
+    return 2;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "distribute-bench: %s\n", e.what());
     return 2;
   }

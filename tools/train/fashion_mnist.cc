@@ -26,11 +26,24 @@ std::vector<unsigned char> read_all(const std::string& path) {
     const int n = gzread(file.get(), chunk, sizeof chunk);
     if (n < 0) {
       int code = 0;
-      const char* why = gzerror(file.get(), &code);
-      throw InvalidArgumentError("Fashion-MNIST file " + path + " is corrupt: " + (why ? why : "read error"));
+      std::string why = gzerror(file.get(), &code);
+      // (zlib says "<path>: <what>": the path is in the message already.)
+      if (why.rfind(path + ": ", 0) == 0) why.erase(0, path.size() + 2);
+      throw InvalidArgumentError("Fashion-MNIST file " + path + " is corrupt: " + (why.empty() ? "read error" : why));
     }
     if (n == 0) break;
     out.insert(out.end(), chunk, chunk + n);
+  }
+  // The end of the file: zlib has checked the trailer (the CRC and length of
+  // what it inflated: a mismatch is a read error above) if it met one; a
+  // stream that ends before its trailer is Z_BUF_ERROR here, and its bytes
+  // may be altered or cut short.
+  int code = Z_OK;
+  gzerror(file.get(), &code);
+  if (code == Z_BUF_ERROR) {
+    throw InvalidArgumentError("Fashion-MNIST file " + path +
+                               " is corrupt: its gzip stream ends before its trailer (CRC and length), so its "
+                               "contents cannot be checked");
   }
   return out;
 }
@@ -79,6 +92,10 @@ Examples load_idx_pair(const std::string& images_path, const std::string& labels
                                " labels");
   }
   const auto n = static_cast<std::int64_t>(image_dims[0]);
+  if (n == 0) {
+    throw InvalidArgumentError("Fashion-MNIST files " + images_path + " and " + labels_path +
+                               " hold no example: there is nothing to train on or to test");
+  }
   Examples out{Tensor::uninitialized(DType::kUInt8, Shape{n, 784}), Tensor::uninitialized(DType::kInt32, Shape{n})};
   std::memcpy(out.images.mutable_raw_data(), images.data() + 16, out.images.nbytes());
   auto lab = out.labels.mutable_flat<int>();

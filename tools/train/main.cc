@@ -5,8 +5,13 @@
 //   distribute-train --strategy default --epochs 15 --metrics m.json --plot curves.svg
 //   mpirun -np 2 distribute-train --strategy multi_worker --replicas 1
 #include <unistd.h>
+#include <zlib.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -17,6 +22,7 @@
 
 #include <distribute/distribute.h>
 
+#include "agree.h"
 #include "flags.h"
 #include "trainer.h"
 
@@ -58,8 +64,37 @@ struct Args {
 };
 
 using tools::parse_int;
+using tools::parse_int32;
 using tools::parse_positive;
 using tools::UsageError;
+
+// An output file that cannot be written is found before the training, not
+// after it: the file, or else its folder, must be writable.
+void check_writable(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  if (access(path.c_str(), F_OK) == 0) {
+    if (access(path.c_str(), W_OK) != 0) throw UsageError(flag + " " + path + ": " + std::strerror(errno));
+    return;
+  }
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  if (access(folder.empty() ? "." : folder.c_str(), W_OK | X_OK) != 0) {
+    throw UsageError(flag + " " + path + ": cannot create it in " + (folder.empty() ? "." : folder) + ": " +
+                     std::strerror(errno));
+  }
+}
+
+// Writes `text` to `path` whole, or raises an error naming the file and why
+// (a full disk: ENOSPC, at the write or at the close).
+void write_file(const std::string& what, const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw NotFoundError("cannot write the " + what + " " + path + ": " + std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  const int error = errno;
+  if (std::fclose(f) != 0 || !written) {
+    throw InvalidArgumentError("could not write the " + what + " " + path + ": " +
+                               std::strerror(written ? errno : error));
+  }
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -77,11 +112,11 @@ Args parse(int argc, char** argv) {
       }
       a.strategy = value;
     } else if (flag == "--replicas") {
-      a.replicas = static_cast<int>(parse_int(flag, value, 1));
+      a.replicas = parse_int32(flag, value, 1);
     } else if (flag == "--global-batch") {
       a.config.global_batch = parse_int(flag, value, 1);
     } else if (flag == "--epochs") {
-      a.epochs = static_cast<int>(parse_int(flag, value, 1));
+      a.epochs = parse_int32(flag, value, 1);
     } else if (flag == "--steps-per-epoch") {
       a.steps_per_epoch = parse_int(flag, value, 0);
     } else if (flag == "--optimizer") {
@@ -98,7 +133,7 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--plot") {
       a.plot = value;
     } else if (flag == "--blas-threads") {
-      a.blas_threads = static_cast<int>(parse_int(flag, value, 1));
+      a.blas_threads = parse_int32(flag, value, 1, 1024);
     } else {
       throw UsageError("unknown flag: " + flag);
     }
@@ -109,6 +144,10 @@ Args parse(int argc, char** argv) {
   }
   return a;
 }
+
+// A loss or accuracy for JSON: a number, or null where it is NaN or infinite
+// (JSON has no such numbers; a diverged run).
+std::string json_number(double v, int digits);
 
 struct EpochRecord {
   int epoch;
@@ -124,6 +163,22 @@ std::string fixed(double v, int digits) {
   return s.str();
 }
 
+// "10,000 examples, 3f2a9c01": the examples' count and the CRC-32 of their images and labels.
+std::string data_digest(const Examples& e) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto add = [&crc](const Tensor& t) {
+    const auto* p = static_cast<const Bytef*>(t.raw_data());
+    for (std::size_t at = 0; at < t.nbytes(); at += 1u << 30) {
+      crc = crc32(crc, p + at, static_cast<uInt>(std::min<std::size_t>(t.nbytes() - at, 1u << 30)));
+    }
+  };
+  add(e.images);
+  add(e.labels);
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc));
+  return tools::grouped(e.size()) + " examples, " + hex;
+}
+
 // 12345.6 -> "12,346"
 std::string grouped(double v) { return tools::grouped(std::llround(v)); }
 
@@ -132,16 +187,27 @@ std::string fraction(double seconds, const EpochStats& e) {
   return fixed(seconds / std::max(e.replica_step_seconds, 1e-9), 4);
 }
 
+std::string json_number(double v, int digits) { return std::isfinite(v) ? fixed(v, digits) : "null"; }
+
+// The first epoch whose losses are not finite, or 0.
+int diverged_at(const std::vector<EpochRecord>& epochs) {
+  for (const EpochRecord& e : epochs) {
+    if (!std::isfinite(e.train.train_loss) || !std::isfinite(e.test.loss)) return e.epoch;
+  }
+  return 0;
+}
+
 void write_metrics(const std::string& path, const Args& a, const Strategy& s, const std::vector<EpochRecord>& epochs) {
-  std::ofstream out(path);
-  if (!out) throw NotFoundError("cannot write the metrics file " + path);
+  std::ostringstream out;
+  const int diverged = diverged_at(epochs);
   out << "{\n  \"strategy\": \"" << s.name() << "\",\n  \"replicas_in_sync\": " << s.num_replicas_in_sync()
       << ",\n  \"global_batch\": " << a.config.global_batch << ",\n  \"optimizer\": \"" << a.config.optimizer
-      << "\",\n  \"seed\": " << a.config.seed << ",\n  \"epochs\": [\n";
+      << "\",\n  \"seed\": " << a.config.seed << ",\n  \"diverged\": " << (diverged ? "true" : "false")
+      << ",\n  \"epochs\": [\n";
   for (std::size_t i = 0; i < epochs.size(); ++i) {
     const EpochRecord& e = epochs[i];
-    out << "    {\"epoch\": " << e.epoch << ", \"train_loss\": " << fixed(e.train.train_loss, 6)
-        << ", \"test_loss\": " << fixed(e.test.loss, 6) << ", \"test_accuracy\": " << fixed(e.test.accuracy, 4)
+    out << "    {\"epoch\": " << e.epoch << ", \"train_loss\": " << json_number(e.train.train_loss, 6)
+        << ", \"test_loss\": " << json_number(e.test.loss, 6) << ", \"test_accuracy\": " << json_number(e.test.accuracy, 4)
         << ", \"train_samples_per_second\": " << fixed(static_cast<double>(e.train.rows) / e.train.seconds, 1)
         << ", \"train_seconds\": " << fixed(e.train.seconds, 3) << ", \"steps\": " << e.train.steps
         << ", \"step_fraction\": {\"merge_call\": " << fraction(e.train.optimizer.merge_call_seconds, e.train)
@@ -150,12 +216,19 @@ void write_metrics(const std::string& path, const Args& a, const Strategy& s, co
         << (i + 1 < epochs.size() ? ",\n" : "\n");
   }
   out << "  ]\n}\n";
+  write_file("metrics file", path, out.str());
 }
 
 // Two panels: loss (train and test) and test accuracy, per epoch.
-void write_plot(const std::string& path, const Strategy& s, const std::vector<EpochRecord>& epochs) {
-  std::ofstream out(path);
-  if (!out) throw NotFoundError("cannot write the plot file " + path);
+void write_plot(const std::string& path, const Strategy& s, const std::vector<EpochRecord>& all) {
+  // Epochs whose figures are finite (a diverged run's are not: no point for them).
+  std::vector<EpochRecord> epochs;
+  for (const EpochRecord& e : all) {
+    if (std::isfinite(e.train.train_loss) && std::isfinite(e.test.loss) && std::isfinite(e.test.accuracy)) {
+      epochs.push_back(e);
+    }
+  }
+  std::ostringstream out;
   const double w = 360, h = 240, left = 60, top = 40, gap = 90;
   const auto n = static_cast<double>(epochs.size());
   double max_loss = 0;
@@ -166,6 +239,7 @@ void write_plot(const std::string& path, const Strategy& s, const std::vector<Ep
     min_acc = std::min(min_acc, e.test.accuracy);
     max_acc = std::max(max_acc, e.test.accuracy);
   }
+  max_loss = std::max(max_loss, 1e-6);
   min_acc = std::floor(min_acc * 50) / 50;
   max_acc = std::max(min_acc + 0.02, std::ceil(max_acc * 50) / 50);
   auto x_of = [&](double x0, int epoch) { return x0 + (n > 1 ? (epoch - 1) / (n - 1) : 0.5) * w; };
@@ -209,7 +283,10 @@ void write_plot(const std::string& path, const Strategy& s, const std::vector<Ep
   line(x1, [](const EpochRecord& e) { return e.test.accuracy; }, min_acc, max_acc, "#2ca02c");
   out << "<text x=\"" << left << "\" y=\"" << top + h + 60 << "\" font-size=\"12\"><tspan fill=\"#1f77b4\">"
       << "train loss</tspan>  <tspan fill=\"#d62728\">test loss</tspan>  <tspan fill=\"#2ca02c\">test accuracy"
-      << "</tspan>  " << s.name() << ", " << s.num_replicas_in_sync() << " replicas in sync</text>\n</svg>\n";
+      << "</tspan>  " << s.name() << ", " << s.num_replicas_in_sync() << " replicas in sync"
+      << (epochs.size() < all.size() ? "; diverged: epochs without finite losses are not drawn" : "")
+      << "</text>\n</svg>\n";
+  write_file("plot file", path, out.str());
 }
 
 int run(const Args& a) {
@@ -222,22 +299,56 @@ int run(const Args& a) {
     s = &default_strategy();
   } else if (a.strategy == "one_device") {
     owned = std::make_unique<OneDeviceStrategy>("CPU:0");
-  } else if (a.strategy == "mirrored") {
-    std::vector<std::string> devices;
-    for (int i = 0; i < (a.replicas > 0 ? a.replicas : cores); ++i) devices.push_back("CPU:" + std::to_string(i));
-    owned = std::make_unique<MirroredStrategy>(devices);
   } else {
+    // A replica is a thread: too many of them run out of threads or memory.
+    int local = 0;
+    try {
+      if (a.strategy == "mirrored") {
+        local = a.replicas > 0 ? a.replicas : cores;
+        std::vector<std::string> devices;
+        for (int i = 0; i < local; ++i) devices.push_back("CPU:" + std::to_string(i));
+        owned = std::make_unique<MirroredStrategy>(devices);
+      } else {
 #ifdef DIST_HAVE_MPI
-    workers = mpi::cluster_from_launcher();  // nullptr without a launcher: one worker
-    const int local = a.replicas > 0 ? a.replicas : std::max(1, cores / (workers ? workers->size() : 1));
-    owned = std::make_unique<MultiWorkerMirroredStrategy>(local, workers);
+        workers = mpi::cluster_from_launcher();  // nullptr without a launcher: one worker
+        local = a.replicas > 0 ? a.replicas : std::max(1, cores / (workers ? workers->size() : 1));
+        owned = std::make_unique<MultiWorkerMirroredStrategy>(local, workers);
 #else
-    throw UsageError("--strategy multi_worker needs a build with MPI");
+        throw UsageError("--strategy multi_worker needs a build with MPI");
 #endif
+      }
+    } catch (const std::system_error& e) {
+      throw ResourceExhaustedError("could not start the threads of " + tools::grouped(local) +
+                                   " replicas (" + e.what() +
+                                   "): the system had no thread to give (its limit on threads, ulimit -u and "
+                                   "/proc/sys/kernel/threads-max, or memory for their stacks, ulimit -v); use fewer "
+                                   "--replicas");
+    } catch (const std::bad_alloc&) {
+      throw ResourceExhaustedError("out of memory making a strategy of " + tools::grouped(local) +
+                                   " replicas; use fewer --replicas");
+    }
   }
   if (owned) s = owned.get();
   const bool chief = s->first_replica_id() == 0;
+  if (chief) {
+    check_writable("--metrics", a.metrics);
+    check_writable("--plot", a.plot);
+  }
   const FashionMnist data = load_fashion_mnist(a.data);
+  if (a.config.global_batch > data.train.size()) {
+    throw InvalidArgumentError("--global-batch " + std::to_string(a.config.global_batch) + " is more than the " +
+                               tools::grouped(data.train.size()) + " training images: an epoch would not hold one batch");
+  }
+  // What every worker must share: the same batches from the same data.
+  tools::agree_on_flags(*s,
+                        {{"--global-batch", std::to_string(a.config.global_batch)},
+                         {"--epochs", std::to_string(a.epochs)},
+                         {"--steps-per-epoch", std::to_string(a.steps_per_epoch)},
+                         {"--optimizer", a.config.optimizer},
+                         {"--learning-rate", fixed(a.config.learning_rate, 9)},
+                         {"--seed", std::to_string(a.config.seed)},
+                         {"training data (images, CRC-32)", data_digest(data.train)},
+                         {"test data (images, CRC-32)", data_digest(data.test)}});
   Trainer trainer(*s, a.config);
   if (chief) {
     std::cout << "distribute-train: " << s->describe() << ", " << a.config.optimizer << ", global batch "
@@ -273,12 +384,17 @@ int run(const Args& a) {
                 << fixed(100 * train.optimizer.update_seconds / step, 1) << "%\n";
     }
   }
+  const int diverged = diverged_at(records);
   if (chief) {
     if (!a.metrics.empty()) write_metrics(a.metrics, a, *s, records);
     if (!a.plot.empty()) write_plot(a.plot, *s, records);
     std::cout << "test accuracy " << fixed(records.back().test.accuracy, 4) << "\n";
+    if (diverged) {
+      std::cerr << "distribute-train: the training diverged: the loss is not finite from epoch " << diverged
+                << " on (a smaller --learning-rate may help)\n";
+    }
   }
-  return 0;
+  return diverged ? 3 : 0;
 }
 
 }  // namespace

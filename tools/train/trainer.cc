@@ -75,7 +75,9 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
   loss_sum_->assign(constant(0.0));
   optimizer_->reset_timings();
   EpochStats stats;
-  const std::int64_t steps_in_epoch = (train.size() + config_.global_batch - 1) / config_.global_batch;
+  // (Rounded up without adding: a batch near 2^63 would wrap to no step.)
+  const std::int64_t steps_in_epoch =
+      train.size() / config_.global_batch + (train.size() % config_.global_batch != 0 ? 1 : 0);
   const std::int64_t steps = max_steps > 0 ? std::min(max_steps, steps_in_epoch) : steps_in_epoch;
   double local_loss = 0;
   std::int64_t local_rows = 0;
