@@ -11,6 +11,7 @@
 
 #include <iosfwd>
 #include <string>
+#include <variant>
 
 #include "distribute/tensor.h"
 
@@ -55,5 +56,13 @@ class IndexedSlices {
 
 std::ostream& operator<<(std::ostream& os, const IndexedSlices& s);
 inline std::string repr(const IndexedSlices& s) { return s.repr(); }
+
+// A leaf of a nest that holds dense tensors and IndexedSlices side by side,
+// as a model's gradients do when some of them are sparse (an embedding's):
+// ReplicaContext::all_reduce takes a Nest<TensorOrSlices> and reduces each
+// leaf as it would alone.
+using TensorOrSlices = std::variant<Tensor, IndexedSlices>;
+std::string repr(const TensorOrSlices& v);
+std::ostream& operator<<(std::ostream& os, const TensorOrSlices& v);
 
 }  // namespace distribute

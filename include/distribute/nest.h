@@ -48,6 +48,12 @@ class Nest {
 
   // A leaf.
   Nest(T leaf) : node_(std::move(leaf)) {}  // NOLINT: implicit, a leaf is a nest
+  // A leaf of a type that converts to T: a Tensor or an IndexedSlices is a
+  // leaf of a Nest<TensorOrSlices>.
+  template <class U>
+    requires(!std::is_same_v<std::decay_t<U>, T> && !std::is_same_v<std::decay_t<U>, Nest> &&
+             std::is_convertible_v<U, T>)
+  Nest(U&& leaf) : node_(T(std::forward<U>(leaf))) {}  // NOLINT: implicit, as the leaf itself
   Nest() : depth_(1), node_(List{}) {}      // an empty list
 
   static Nest list(std::vector<Nest> items) { return Nest(List{std::move(items)}); }

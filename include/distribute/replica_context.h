@@ -75,6 +75,14 @@ class ReplicaContext {
   // order (duplicates kept, as TensorFlow); MEAN divides the values by N.
   // Read-only too, though each replica's own.
   IndexedSlices all_reduce(ReduceOp op, const IndexedSlices& value, const CommunicationOptions& options = {});
+  // A nest whose leaves are dense tensors or IndexedSlices, mixed (a list of
+  // sparse gradients, or sparse and dense together): the same structure back,
+  // each leaf reduced as it would be alone (the dense ones packed together
+  // as a Nest<Tensor>'s; IndexedSlices concatenated, so SUM and MEAN only).
+  // One collective: every replica's leaves agree (kinds, dtypes, shapes;
+  // a sparse leaf's rows may differ) before any data moves.
+  Nest<TensorOrSlices> all_reduce(ReduceOp op, const Nest<TensorOrSlices>& value,
+                                  const CommunicationOptions& options = {});
 
   // ---- all_gather ----------------------------------------------------------
   // Concatenates every replica's value along `axis` in replica order. Shapes

@@ -14,11 +14,14 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ranges>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -101,14 +104,34 @@ class StrategyExtended {
   // InvalidArgumentError (TensorFlow asserts).
   Mirrored<Tensor> reduce_to(ReduceOp op, const Mirrored<Tensor>& value, const Destinations& destinations,
                              const CommunicationOptions& options = {});
-  // A non-distributed value: MEAN returns it; SUM with more than one replica is
-  // an InvalidArgumentError ("A non-DistributedValues value ... cannot be
-  // reduced with the given reduce op SUM.").
+  // A non-distributed value. One value for the whole sync group (every
+  // strategy of one worker): MEAN, MIN and MAX return it; SUM and PRODUCT
+  // with more than one replica are an InvalidArgumentError ("A
+  // non-DistributedValues value ... cannot be reduced with the given reduce
+  // op SUM."). Under MultiWorkerMirroredStrategy with several workers it is
+  // one value per worker, as TensorFlow takes it: each worker's own, reduced
+  // across the workers with `op` (SUM adds them, MEAN divides by the number
+  // of workers); a collective of the workers (docs/semantics.md §5.5).
   Mirrored<Tensor> reduce_to(ReduceOp op, const Tensor& value, const Destinations& destinations,
                              const CommunicationOptions& options = {});
+  // Per-replica IndexedSlices (sparse gradients): SUM concatenates every
+  // replica's slices, values and indices, in replica order (every worker's
+  // too), the dense shape kept; MEAN also divides the values by
+  // num_replicas_in_sync; MIN, MAX and PRODUCT are an InvalidArgumentError.
+  // Every destination gets the result (its own copy past the first).
+  Mirrored<IndexedSlices> reduce_to(ReduceOp op, const PerReplica<IndexedSlices>& value,
+                                    const Destinations& destinations, const CommunicationOptions& options = {});
   // Several reduce_to in one call; results in the same order.
   std::vector<Mirrored<Tensor>> batch_reduce_to(
       ReduceOp op, const std::vector<std::pair<PerReplica<Tensor>, Destinations>>& value_destination_pairs,
+      const CommunicationOptions& options = {});
+  // ... of non-distributed values (the rules of reduce_to's).
+  std::vector<Mirrored<Tensor>> batch_reduce_to(
+      ReduceOp op, const std::vector<std::pair<Tensor, Destinations>>& value_destination_pairs,
+      const CommunicationOptions& options = {});
+  // ... of per-replica IndexedSlices.
+  std::vector<Mirrored<IndexedSlices>> batch_reduce_to(
+      ReduceOp op, const std::vector<std::pair<PerReplica<IndexedSlices>, Destinations>>& value_destination_pairs,
       const CommunicationOptions& options = {});
   // `tensor` on every destination device (every local device when
   // `destinations` is nullopt), placed as reduce_to says.
@@ -210,8 +233,12 @@ class Strategy {
   Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis);
   Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, const std::vector<int>& axes);
   Tensor reduce(ReduceOp op, const Mirrored<Tensor>& value, std::optional<int> axis);
-  // A non-distributed value (see reduce_to for the rules).
+  // A non-distributed value (see reduce_to for the rules; with an axis,
+  // every replica is taken to hold it: SUM is refused, MEAN reduces it).
   Tensor reduce(ReduceOp op, const Tensor& value, std::optional<int> axis);
+  // Per-replica IndexedSlices, as reduce_to: the concatenation of every
+  // replica's slices (SUM; MEAN divides the values), on the host.
+  IndexedSlices reduce(ReduceOp op, const PerReplica<IndexedSlices>& value);
 
   // ---- input (input.h) ----------------------------------------------------
   // One value per local replica: fn(ValueContext(global replica id,
@@ -305,6 +332,18 @@ class Strategy {
   void reduce_exact_mean(const internal::Pack& pack, const std::vector<const std::vector<Tensor>*>& values,
                          std::int64_t divisor, const CommunicationOptions& options, std::vector<Tensor>& out);
   Tensor reduce_along_axes(ReduceOp op, const std::vector<Tensor>& components, const std::vector<int>& axes);
+  // Several workers: `value` is this worker's one value, reduced across the
+  // workers with `op` (MEAN divides by the number of workers). A collective
+  // of the workers, agreed first (dtype, shape, op, options).
+  Tensor reduce_per_worker(ReduceOp op, const Tensor& value, const CommunicationOptions& options,
+                           std::string_view api);
+  // Whether a non-distributed value is one per worker here (several workers).
+  bool values_are_per_worker() const;
+  // Per-replica IndexedSlices across the sync group: this worker's
+  // replicas' slices concatenated, then every worker's, in replica order;
+  // agreed first (dense shape, index dtype, values but their rows; SUM or MEAN).
+  IndexedSlices reduce_slices(ReduceOp op, const std::vector<IndexedSlices>& components,
+                              const CommunicationOptions& options, std::string_view api);
   // Checks the components of a cross-replica collective (count, dtype, shape)
   // and its options (the strategy's merged with the call's); with several
   // workers, the workers then agree on them, within the options' timeout, so
@@ -391,6 +430,102 @@ void check_component_counts(const Strategy& s, std::string_view api, const Args&
   (for_each_component_count(args, count), ...);
 }
 
+// The structure of a replica function's result, for the check that every
+// replica returned the same one (TensorFlow's regroup refuses results of
+// different structures): a Nest's structure_string(); vectors as lists,
+// tuples and pairs as tuples, maps as dicts (keys as operator<< prints
+// them), an optional as its value or None; "*" for anything else.
+template <class T>
+struct ResultStructure {
+  static constexpr bool kNested = false;
+  static void append(std::string& s, const T&) { s += '*'; }
+};
+template <class T>
+constexpr bool kNestedResult = ResultStructure<T>::kNested;
+template <class T>
+struct ResultStructure<Nest<T>> {
+  static constexpr bool kNested = true;
+  static void append(std::string& s, const Nest<T>& v) { s += v.structure_string(); }
+};
+template <class T>
+struct ResultStructure<std::vector<T>> {
+  static constexpr bool kNested = true;
+  static void append(std::string& s, const std::vector<T>& v) {
+    s += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) s += ", ";
+      ResultStructure<T>::append(s, v[i]);
+    }
+    s += ']';
+  }
+};
+template <class... Ts>
+struct ResultStructure<std::tuple<Ts...>> {
+  static constexpr bool kNested = true;
+  static void append(std::string& s, const std::tuple<Ts...>& v) {
+    s += '(';
+    std::size_t i = 0;
+    std::apply([&](const auto&... e) { ((s += (i++ ? ", " : ""), ResultStructure<std::decay_t<decltype(e)>>::append(s, e)), ...); }, v);
+    s += sizeof...(Ts) == 1 ? ",)" : ")";
+  }
+};
+template <class A, class B>
+struct ResultStructure<std::pair<A, B>> {
+  static constexpr bool kNested = true;
+  static void append(std::string& s, const std::pair<A, B>& v) {
+    s += '(';
+    ResultStructure<A>::append(s, v.first);
+    s += ", ";
+    ResultStructure<B>::append(s, v.second);
+    s += ')';
+  }
+};
+template <class T>
+struct ResultStructure<std::optional<T>> {
+  static constexpr bool kNested = true;
+  static void append(std::string& s, const std::optional<T>& v) {
+    if (v) {
+      ResultStructure<T>::append(s, *v);
+    } else {
+      s += "None";
+    }
+  }
+};
+template <class K, class V, class Compare>
+struct ResultStructure<std::map<K, V, Compare>> {
+  static constexpr bool kNested = true;
+  static void append(std::string& s, const std::map<K, V, Compare>& v) {
+    s += '{';
+    bool first = true;
+    for (const auto& [key, value] : v) {
+      std::ostringstream k;
+      k << key;
+      s += first ? "'" : ", '";
+      s += k.str();
+      s += "': ";
+      ResultStructure<V>::append(s, value);
+      first = false;
+    }
+    s += '}';
+  }
+};
+// InvalidArgumentError: the replicas (from `first_replica`) returned results
+// of these different structures; names them and the first difference.
+[[noreturn]] void throw_different_result_structures(std::string_view api, int first_replica,
+                                                    const std::vector<std::string>& structures);
+template <class R>
+void check_result_structures(std::string_view api, int first_replica, const std::vector<R>& values) {
+  if constexpr (kNestedResult<R>) {
+    std::vector<std::string> structures(values.size());
+    bool differ = false;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      ResultStructure<R>::append(structures[i], values[i]);
+      differ = differ || structures[i] != structures[0];
+    }
+    if (differ) throw_different_result_structures(api, first_replica, structures);
+  }
+}
+
 template <class Fn, class... Args>
 auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... args) {
   // Before any replica starts: a value with too few components would fail
@@ -409,6 +544,7 @@ auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... a
     std::vector<R> values;
     values.reserve(results.size());
     for (auto& r : results) values.push_back(std::move(*r));
+    check_result_structures(api, s.first_replica_id(), values);
     return PerReplica<R>(std::move(values));
   }
 }

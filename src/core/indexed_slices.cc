@@ -89,4 +89,10 @@ bool operator==(const IndexedSlices& a, const IndexedSlices& b) {
 
 std::ostream& operator<<(std::ostream& os, const IndexedSlices& s) { return os << s.repr(); }
 
+std::string repr(const TensorOrSlices& v) {
+  return std::visit([](const auto& x) { return x.repr(); }, v);
+}
+
+std::ostream& operator<<(std::ostream& os, const TensorOrSlices& v) { return os << repr(v); }
+
 }  // namespace distribute

@@ -48,9 +48,9 @@ namespace {
 // Checks signatures that every replica of the group has; an error it raises is
 // raised by every replica alike (ReplicaChannel::agreed_failure).
 void check_agreed(ReplicaChannel& ch, const std::vector<Signature>& sigs, int first_replica, internal::ShapeRule rule,
-                  int axis, const internal::LeafNamer& namer) {
+                  int axis, const internal::LeafNamer& namer, const std::vector<internal::ShapeRule>* rules = nullptr) {
   try {
-    internal::check_signatures(sigs, first_replica, rule, axis, namer);
+    internal::check_signatures(sigs, first_replica, rule, axis, namer, "replica", rules);
   } catch (const Error&) {
     ch.agreed_failure = true;
     throw;
@@ -58,12 +58,13 @@ void check_agreed(ReplicaChannel& ch, const std::vector<Signature>& sigs, int fi
 }
 
 [[noreturn]] void explain_mismatch(ReplicaChannel& ch, const Signature& sig, CollectiveCall call, int first_replica,
-                                   internal::ShapeRule rule, int axis, const internal::LeafNamer& namer) {
+                                   internal::ShapeRule rule, int axis, const internal::LeafNamer& namer,
+                                   const std::vector<internal::ShapeRule>* rules = nullptr) {
   call.signature_tag = 0;
   std::vector<std::string> payloads = ch.comm->exchange(sig.encode(), call);
   std::vector<Signature> sigs;
   for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
-  check_agreed(ch, sigs, first_replica, rule, axis, namer);
+  check_agreed(ch, sigs, first_replica, rule, axis, namer, rules);
   throw InternalError(std::string(sig.op) + " #" + std::to_string(sig.sequence) +
                       ": signature tags differ but the signatures agree (a hash collision)");
 }
@@ -72,18 +73,19 @@ void check_agreed(ReplicaChannel& ch, const std::vector<Signature>& sigs, int fi
 // fields) and checks them; returns all signatures (all_gather needs the
 // other replicas' shapes).
 std::vector<Signature> agree(ReplicaChannel& ch, const Signature& sig, CollectiveCall call, int first_replica,
-                             internal::ShapeRule rule, int axis, const internal::LeafNamer& namer) {
+                             internal::ShapeRule rule, int axis, const internal::LeafNamer& namer,
+                             const std::vector<internal::ShapeRule>* rules = nullptr) {
   call.signature_tag = sig.tag(/*with_leaves=*/false);
   std::vector<std::string> payloads;
   try {
     payloads = ch.comm->exchange(sig.encode(), call);
   } catch (const internal::SignatureMismatch&) {
-    explain_mismatch(ch, sig, call, first_replica, rule, axis, namer);
+    explain_mismatch(ch, sig, call, first_replica, rule, axis, namer, rules);
   }
   std::vector<Signature> sigs;
   sigs.reserve(payloads.size());
   for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
-  check_agreed(ch, sigs, first_replica, rule, axis, namer);
+  check_agreed(ch, sigs, first_replica, rule, axis, namer, rules);
   return sigs;
 }
 
@@ -328,28 +330,34 @@ std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Te
   });
 }
 
-IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value,
-                                         const CommunicationOptions& options) {
-  auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
-  ReplicaChannel& ch = *channel_;
-  sig.fields = {{"reduce op", std::string(to_string(op))},
-                {"structure", "IndexedSlices"},
-                {"dense_shape", value.dense_shape().to_string()},
-                {"indices dtype", std::string(to_string(value.indices().dtype()))}};
-  sig.leaves.push_back({value.values().dtype(), value.values().shape().dims()});
+namespace {
+// What every replica must agree on for an IndexedSlices leaf besides its
+// values' dtype and shape (which the leaf carries: rows may differ).
+std::string slices_field(const IndexedSlices& value) {
+  return "IndexedSlices, dense_shape " + value.dense_shape().to_string() + ", indices " +
+         std::string(to_string(value.indices().dtype()));
+}
+
+void refuse_slices_op(ReduceOp op, Signature& sig) {
   if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
     sig.set_error(InvalidArgumentError("all_reduce of IndexedSlices supports SUM and MEAN only, not " +
                                        std::string(to_string(op))));
   }
-  const std::vector<Signature> sigs = agree(ch, sig, call, first_replica_of_group(*this),
-                                            internal::ShapeRule::kAllButFirst, 0, nullptr);
-  // Values and indices are gathered along dimension 0 (ragged), in replica order.
+}
+
+// The all_reduce of IndexedSlices leaf `leaf` of an agreed call: every
+// replica's values and indices gathered along dimension 0 (ragged, each
+// replica's rows from its signature), in replica order; MEAN divides the
+// values by `replicas`. Read-only, as every all_reduce result, though each
+// replica's own here.
+IndexedSlices gather_slices(ReplicaChannel& ch, const IndexedSlices& value, const std::vector<Signature>& sigs,
+                            std::size_t leaf, ReduceOp op, int replicas, const CollectiveCall& call) {
   std::int64_t row = 1;  // elements per slice
   for (int d = 1; d < value.values().rank(); ++d) row *= value.values().shape()[d];
   std::vector<std::size_t> value_counts, index_counts;
   std::int64_t total_rows = 0;
   for (const auto& s : sigs) {
-    const std::int64_t rows = s.leaves[0].dims[0];
+    const std::int64_t rows = s.leaves[leaf].dims[0];
     value_counts.push_back(static_cast<std::size_t>(rows * row));
     index_counts.push_back(static_cast<std::size_t>(rows));
     total_rows += rows;
@@ -362,13 +370,88 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
   ch.comm->all_gather_v(value.values().raw_data(), values.mutable_raw_data(), value_counts, 1, value.dtype(), call);
   ch.comm->all_gather_v(value.indices().raw_data(), indices.mutable_raw_data(), index_counts, 1,
                         value.indices().dtype(), call);
+  ch.data_calls += 2;
   if (op == ReduceOp::kMean) {
     const void* src[1] = {values.raw_data()};
     internal::reduce_sources(values.mutable_raw_data(), src, static_cast<std::size_t>(values.num_elements()),
-                             values.dtype(), ReduceOp::kMean, num_replicas_in_sync());
+                             values.dtype(), ReduceOp::kMean, replicas);
   }
-  // Read-only as every all_reduce result, though each replica's own here.
   return IndexedSlices(std::move(values).as_read_only(), std::move(indices).as_read_only(), value.dense_shape());
+}
+}  // namespace
+
+IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value,
+                                         const CommunicationOptions& options) {
+  auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
+  ReplicaChannel& ch = *channel_;
+  sig.fields = {{"reduce op", std::string(to_string(op))},
+                {"structure", "IndexedSlices"},
+                {"dense_shape", value.dense_shape().to_string()},
+                {"indices dtype", std::string(to_string(value.indices().dtype()))}};
+  sig.leaves.push_back({value.values().dtype(), value.values().shape().dims()});
+  refuse_slices_op(op, sig);
+  const std::vector<Signature> sigs = agree(ch, sig, call, first_replica_of_group(*this),
+                                            internal::ShapeRule::kAllButFirst, 0, nullptr);
+  return gather_slices(ch, value, sigs, 0, op, num_replicas_in_sync(), call);
+}
+
+Nest<TensorOrSlices> ReplicaContext::all_reduce(ReduceOp op, const Nest<TensorOrSlices>& value,
+                                                const CommunicationOptions& options) {
+  const std::vector<TensorOrSlices> leaves = value.flatten();
+  // Dense leaves only: the Nest<Tensor> collective, as it is.
+  const bool any_sparse = std::any_of(leaves.begin(), leaves.end(),
+                                      [](const TensorOrSlices& l) { return std::holds_alternative<IndexedSlices>(l); });
+  if (!any_sparse) {
+    const Nest<Tensor> dense = value.map([](const TensorOrSlices& l) { return std::get<Tensor>(l); });
+    return all_reduce(op, dense, options).map([](const Tensor& t) { return TensorOrSlices(t); });
+  }
+  CollectiveStart start = begin_collective(*this, "all_reduce", options);
+  ReplicaChannel& ch = *channel_;
+  Signature& sig = start.sig;
+  // One signature for every leaf: the structure, which leaves are sparse
+  // (with their dense shapes and index dtypes), then each leaf's dtype and
+  // shape, compared as its kind needs (a sparse leaf's rows may differ).
+  std::string kinds;
+  for (const TensorOrSlices& leaf : leaves) kinds += std::holds_alternative<IndexedSlices>(leaf) ? 'S' : 'T';
+  std::vector<internal::ShapeRule> rules;
+  std::vector<Tensor> dense;
+  std::vector<std::size_t> dense_at;
+  all_reduce_fields(op, value.structure_string(), start.options.bytes_per_pack,
+                    [&](std::string_view key, std::string_view text) { add_field(sig, key, text); });
+  // (Before the fields of each sparse leaf: the fields are compared in order.)
+  add_field(sig, "leaf kinds (T: Tensor, S: IndexedSlices)", kinds);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (const auto* slices = std::get_if<IndexedSlices>(&leaves[i])) {
+      rules.push_back(internal::ShapeRule::kAllButFirst);
+      add_field(sig, "leaf " + std::to_string(i), slices_field(*slices));
+      sig.leaves.push_back({slices->values().dtype(), slices->values().shape().dims()});
+    } else {
+      const Tensor& t = std::get<Tensor>(leaves[i]);
+      rules.push_back(internal::ShapeRule::kEqual);
+      dense.push_back(t);
+      dense_at.push_back(i);
+      sig.leaves.push_back({t.dtype(), t.shape().dims()});
+    }
+  }
+  refuse_slices_op(op, sig);
+  const std::vector<std::string> paths = value.flatten_paths();
+  const std::vector<Signature> sigs =
+      agree(ch, sig, start.call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, namer_for(paths), &rules);
+  // Agreed: the dense leaves packed as a Nest<Tensor>'s, then each sparse one.
+  std::vector<TensorOrSlices> out(leaves.size());
+  CollectiveCall data = start.call;
+  data.signature_tag = 0;
+  if (!dense.empty()) {
+    const std::vector<Tensor> reduced =
+        reduce_packed(ch, dense, op, std::max<std::int64_t>(0, start.options.bytes_per_pack), data, /*device=*/{});
+    for (std::size_t k = 0; k < dense.size(); ++k) out[dense_at[k]] = reduced[k];
+  }
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (const auto* slices = std::get_if<IndexedSlices>(&leaves[i])) {
+      out[i] = gather_slices(ch, *slices, sigs, i, op, num_replicas_in_sync(), data);
+    }
+  }
+  return Nest<TensorOrSlices>::pack_sequence_as(value, std::move(out));
 }
 
 // ---- all_gather ----------------------------------------------------------------

@@ -71,14 +71,8 @@ std::string describe_values(const std::vector<std::string>& values, int first, s
   return s;
 }
 
-// Where two structure strings (Nest::structure_string) first differ: the
-// path of the innermost container around the difference (as flatten_paths
-// writes paths) and that container's text in each. nullopt if they differ at
-// the top level. Keys are read as written ('key': ...); a key holding "': "
-// may mislead the path, never the check itself.
-struct StructureDifference {
-  std::string path, a, b;
-};
+}  // namespace
+
 std::optional<StructureDifference> first_structure_difference(std::string_view a, std::string_view b) {
   struct Open {
     std::size_t start;
@@ -123,8 +117,6 @@ std::optional<StructureDifference> first_structure_difference(std::string_view a
   };
   return StructureDifference{open.back().path, container(a), container(b)};
 }
-
-}  // namespace
 
 std::string dims_to_string(const std::vector<std::int64_t>& dims) {
   std::string s = "(";
@@ -195,8 +187,8 @@ std::uint64_t Signature::tag(bool with_leaves) const {
   return h.finish(sequence, error_code.has_value());
 }
 
-void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule rule, int axis,
-                      const LeafNamer& leaf_name, std::string_view member) {
+void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule leaves_rule, int axis,
+                      const LeafNamer& leaf_name, std::string_view member, const std::vector<ShapeRule>* leaf_rules) {
   const std::string members = std::string(member) + "s";
   const Signature& s0 = sigs.front();
   const std::string label = s0.op + " #" + std::to_string(s0.sequence);
@@ -261,6 +253,7 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule r
     }
   }
   for (std::size_t i = 0; i < s0.leaves.size(); ++i) {
+    const ShapeRule rule = leaf_rules != nullptr && i < leaf_rules->size() ? (*leaf_rules)[i] : leaves_rule;
     const std::string name = leaf_name ? leaf_name(i) : std::string();
     const std::string what = name.empty() ? std::string("the value") : "value " + name;
     std::vector<std::string> dtypes, shapes;

@@ -163,9 +163,22 @@ using LeafNamer = std::function<std::string(std::size_t)>;
 // what a member is ("replica", or "worker" for cross-replica collectives of
 // several processes), for messages.
 // `axis` (kAllButAxis) may be negative: it is normalised by each leaf's rank.
+// `leaf_rules`, if given, holds a rule per leaf in place of `rule` (a nest of
+// dense tensors and IndexedSlices: kEqual for one, kAllButFirst for the other).
 void check_signatures(const std::vector<Signature>& sigs, int first_replica, ShapeRule rule, int axis,
-                      const LeafNamer& leaf_name, std::string_view member = "replica");
+                      const LeafNamer& leaf_name, std::string_view member = "replica",
+                      const std::vector<ShapeRule>* leaf_rules = nullptr);
 
 std::string dims_to_string(const std::vector<std::int64_t>& dims);
+
+// Where two structure strings (Nest::structure_string) first differ: the
+// path of the innermost container around the difference (as flatten_paths
+// writes paths) and that container's text in each. nullopt if they differ at
+// the top level. Keys are read as written ('key': ...); a key holding "': "
+// may mislead the path, never the check itself.
+struct StructureDifference {
+  std::string path, a, b;
+};
+std::optional<StructureDifference> first_structure_difference(std::string_view a, std::string_view b);
 
 }  // namespace distribute::internal

@@ -135,6 +135,21 @@ std::size_t checked_engine_settings() {
   return stream_bytes;
 }
 
+void throw_different_result_structures(std::string_view api, int first_replica,
+                                       const std::vector<std::string>& structures) {
+  std::size_t m = 1;
+  while (m < structures.size() && structures[m] == structures[0]) ++m;
+  const std::string a = "replica " + std::to_string(first_replica);
+  const std::string b = "replica " + std::to_string(first_replica + static_cast<int>(m));
+  std::string message = std::string(api) + ": the replicas returned results of different structures (" + a + ": " +
+                        structures[0] + "; " + b + ": " + structures[m] + ")";
+  if (const auto d = first_structure_difference(structures[0], structures[m])) {
+    message += ". They first differ at" + d->path + ": " + a + " has " + d->a + ", " + b + " has " + d->b;
+  }
+  throw InvalidArgumentError(message + ". Every replica must return a result of the same structure (TensorFlow's "
+                                       "regroup refuses others).");
+}
+
 void check_components(std::size_t given, const Strategy& s, std::string_view what) {
   if (given != static_cast<std::size_t>(s.num_local_replicas())) {
     throw InvalidArgumentError(std::string(what) + ": a distributed value has " + std::to_string(given) +
@@ -720,9 +735,125 @@ Tensor Strategy::reduce(ReduceOp op, const Mirrored<Tensor>& value, std::optiona
 
 Tensor Strategy::reduce(ReduceOp op, const Tensor& value, std::optional<int> axis) {
   require_cross_replica_or_default("reduce");
+  if (!axis && values_are_per_worker()) return reduce_per_worker(op, value, options_, "reduce");
   check_non_distributed(op, *this, short_text(value), /*mirrored=*/false);
   if (!axis) return value;
   return reduce_along_axes(op, std::vector<Tensor>(static_cast<std::size_t>(num_local_replicas()), value), {*axis});
+}
+
+bool Strategy::values_are_per_worker() const { return state_->workers != nullptr && state_->workers->size() > 1; }
+
+Tensor Strategy::reduce_per_worker(ReduceOp op, const Tensor& value, const CommunicationOptions& options,
+                                   std::string_view api) {
+  internal::Signature sig;
+  sig.op = std::string(api);
+  sig.fields = {{"reduce op", std::string(to_string(op))}, {"value", "one per worker (not distributed)"}};
+  sig.leaves.push_back({value.dtype(), value.shape().dims()});
+  try {
+    options.validate();
+  } catch (const Error& e) {
+    sig.set_error(e);
+  }
+  std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+  internal::agree_workers(*state_, options, sig, internal::ShapeRule::kEqual, 0);
+  Tensor out = value.clone().with_device(kHostDevice);
+  const CollectiveCall call = internal::worker_call(*state_, options, api);
+  // MEAN over the workers: each element is reduced from every worker's at
+  // once (integers exactly, truncated toward zero).
+  state_->workers->all_reduce(out.raw_data(), out.mutable_raw_data(), static_cast<std::size_t>(out.num_elements()),
+                              out.dtype(), op, call, state_->workers->size());
+  return out;
+}
+
+namespace {
+std::string slices_text(const IndexedSlices& s) {
+  return "dense_shape " + s.dense_shape().to_string() + ", indices " + std::string(to_string(s.indices().dtype()));
+}
+
+// The rows of values of `s`, as a shape with its first dimension dropped: "(?, 4)".
+std::string row_shape(const Tensor& values) {
+  std::string text = "(?";
+  for (int d = 1; d < values.rank(); ++d) text += ", " + std::to_string(values.shape()[d]);
+  return text + (values.rank() == 1 ? ",)" : ")");
+}
+}  // namespace
+
+IndexedSlices Strategy::reduce_slices(ReduceOp op, const std::vector<IndexedSlices>& components,
+                                      const CommunicationOptions& options, std::string_view api) {
+  internal::Signature sig;
+  sig.op = std::string(api);
+  sig.fields = {{"reduce op", std::string(to_string(op))}};
+  Tensor values, indices;
+  try {
+    options.validate();
+    internal::check_components(components.size(), *this, api);
+    if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
+      throw InvalidArgumentError(std::string(api) + " of IndexedSlices supports SUM and MEAN only, not " +
+                                 std::string(to_string(op)));
+    }
+    const IndexedSlices& first = components.front();
+    for (std::size_t i = 1; i < components.size(); ++i) {
+      const IndexedSlices& c = components[i];
+      if (slices_text(c) != slices_text(first) || c.dtype() != first.dtype() ||
+          row_shape(c.values()) != row_shape(first.values())) {
+        throw InvalidArgumentError(
+            std::string(api) + ": the IndexedSlices of the replicas differ: replica " +
+            std::to_string(first_replica_id_) + " has " + std::string(to_string(first.dtype())) +
+            row_shape(first.values()) + ", " + slices_text(first) + "; replica " +
+            std::to_string(first_replica_id_ + static_cast<int>(i)) + " has " + std::string(to_string(c.dtype())) +
+            row_shape(c.values()) + ", " + slices_text(c));
+      }
+    }
+    std::vector<Tensor> local_values, local_indices;
+    for (const IndexedSlices& c : components) {
+      local_values.push_back(c.values());
+      local_indices.push_back(c.indices());
+    }
+    values = concat(local_values, 0).with_device(kHostDevice);
+    indices = concat(local_indices, 0).with_device(kHostDevice);
+    sig.fields.emplace_back("IndexedSlices", slices_text(first));
+    sig.leaves.push_back({values.dtype(), values.shape().dims()});
+  } catch (const Error& e) {
+    sig.set_error(e);
+  }
+  std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
+  const std::vector<internal::Signature> blocks =
+      internal::agree_workers(*state_, options, sig, internal::ShapeRule::kAllButFirst, 0);
+  const IndexedSlices& first = components.front();
+  if (blocks.size() > 1) {
+    // Every worker's rows, in worker order: replica order.
+    std::int64_t row = 1;
+    for (int d = 1; d < values.rank(); ++d) row *= values.shape()[d];
+    std::vector<std::size_t> value_counts, index_counts;
+    std::int64_t rows = 0;
+    for (const internal::Signature& b : blocks) {
+      value_counts.push_back(static_cast<std::size_t>(b.leaves[0].dims[0] * row));
+      index_counts.push_back(static_cast<std::size_t>(b.leaves[0].dims[0]));
+      rows += b.leaves[0].dims[0];
+    }
+    std::vector<std::int64_t> dims = values.shape().dims();
+    dims[0] = rows;
+    Tensor all_values = Tensor::uninitialized(values.dtype(), Shape(dims), kHostDevice);
+    Tensor all_indices = Tensor::uninitialized(indices.dtype(), Shape{rows}, kHostDevice);
+    state_->workers->all_gather_v(values.raw_data(), all_values.mutable_raw_data(), value_counts, 1, values.dtype(),
+                                  internal::worker_call(*state_, options, api));
+    state_->workers->all_gather_v(indices.raw_data(), all_indices.mutable_raw_data(), index_counts, 1,
+                                  indices.dtype(), internal::worker_call(*state_, options, api));
+    values = all_values;
+    indices = all_indices;
+  }
+  if (op == ReduceOp::kMean) {
+    values = values.clone();
+    const void* src[1] = {values.raw_data()};
+    internal::reduce_sources(values.mutable_raw_data(), src, static_cast<std::size_t>(values.num_elements()),
+                             values.dtype(), ReduceOp::kMean, num_replicas_in_sync_);
+  }
+  return IndexedSlices(values, indices, first.dense_shape());
+}
+
+IndexedSlices Strategy::reduce(ReduceOp op, const PerReplica<IndexedSlices>& value) {
+  require_cross_replica_or_default("reduce");
+  return reduce_slices(op, value.values(), options_, "reduce");
 }
 
 Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
@@ -884,9 +1015,69 @@ Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Mirrored<Tensor>
 Mirrored<Tensor> StrategyExtended::reduce_to(ReduceOp op, const Tensor& value, const Destinations& destinations,
                                              const CommunicationOptions& options) {
   strategy_->require_cross_replica_or_default("reduce_to");
-  strategy_->options_.merge(options).validate();
+  const CommunicationOptions merged = strategy_->options_.merge(options);
+  if (strategy_->values_are_per_worker()) {
+    return place_on(*strategy_, strategy_->reduce_per_worker(op, value, merged, "reduce_to"), destinations.devices(),
+                    /*fresh=*/true);
+  }
+  merged.validate();
   check_non_distributed(op, *strategy_, short_text(value), /*mirrored=*/false);
   return place_on(*strategy_, value, destinations.devices());
+}
+
+namespace {
+// batch_reduce_to of values that are not per-replica Tensors: one reduce_to
+// each, in order (each its own agreement; no packing).
+template <class Result, class Value, class ReduceOne>
+std::vector<Result> reduce_each(const std::vector<std::pair<Value, Destinations>>& pairs, ReduceOne&& one) {
+  std::vector<Result> out;
+  out.reserve(pairs.size());
+  for (const auto& [value, destinations] : pairs) out.push_back(one(value, destinations));
+  return out;
+}
+
+// `slices` on every destination device: values and indices placed as a
+// Tensor result is (its own copy for each destination past the first).
+Mirrored<IndexedSlices> place_slices_on(const Strategy& strategy, const IndexedSlices& slices,
+                                        const std::vector<std::string>& devices) {
+  const Mirrored<Tensor> values = place_on(strategy, slices.values(), devices, /*fresh=*/true);
+  const Mirrored<Tensor> indices = place_on(strategy, slices.indices(), devices, /*fresh=*/true);
+  std::vector<IndexedSlices> out;
+  out.reserve(devices.size());
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    out.emplace_back(values.component(i), indices.component(i), slices.dense_shape());
+  }
+  return Mirrored<IndexedSlices>(std::move(out));
+}
+}  // namespace
+
+Mirrored<IndexedSlices> StrategyExtended::reduce_to(ReduceOp op, const PerReplica<IndexedSlices>& value,
+                                                    const Destinations& destinations,
+                                                    const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("reduce_to");
+  const CommunicationOptions merged = strategy_->options_.merge(options);
+  return place_slices_on(*strategy_, strategy_->reduce_slices(op, value.values(), merged, "reduce_to"),
+                         destinations.devices());
+}
+
+std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
+    ReduceOp op, const std::vector<std::pair<Tensor, Destinations>>& value_destination_pairs,
+    const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("batch_reduce_to");
+  if (value_destination_pairs.empty()) strategy_->options_.merge(options).validate();
+  return reduce_each<Mirrored<Tensor>>(value_destination_pairs, [&](const Tensor& v, const Destinations& d) {
+    return reduce_to(op, v, d, options);
+  });
+}
+
+std::vector<Mirrored<IndexedSlices>> StrategyExtended::batch_reduce_to(
+    ReduceOp op, const std::vector<std::pair<PerReplica<IndexedSlices>, Destinations>>& value_destination_pairs,
+    const CommunicationOptions& options) {
+  strategy_->require_cross_replica_or_default("batch_reduce_to");
+  if (value_destination_pairs.empty()) strategy_->options_.merge(options).validate();
+  return reduce_each<Mirrored<IndexedSlices>>(
+      value_destination_pairs,
+      [&](const PerReplica<IndexedSlices>& v, const Destinations& d) { return reduce_to(op, v, d, options); });
 }
 
 std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(

@@ -9,6 +9,7 @@
 #include "core/elementwise.h"
 #include "distribute/mirrored_strategy.h"
 #include "runtime/mode.h"
+#include "runtime/runtime_util.h"
 #include "runtime/strategy_ref.h"
 
 namespace distribute {
@@ -90,6 +91,47 @@ Where where(const Strategy& s, const std::string& name, std::string_view api) {
   throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " +
                                 internal::strategies_apart(*mode.strategy, s) + " (variable '" + name + "', " +
                                 std::string(api) + ")");
+}
+
+// A SUM assign in a replica context where every replica in sync passes the
+// same value (the same bytes): TensorFlow takes the same object passed by
+// every replica as one value, not a value per replica, and refuses to SUM it
+// ("A non-DistributedValues value 5.0 cannot be reduced ..."); it never adds
+// it N times. Checked across workers too (an exchange of each worker's
+// verdict and a hash of its value); every worker raises it alike, so the
+// workers' link stays usable.
+void refuse_one_value_sum(Strategy& s, const Variable& var, const PerReplica<Tensor>& values) {
+  if (s.num_replicas_in_sync() < 2) return;  // the SUM of one value is that value (the same on every worker)
+  const Tensor& first = values.primary();
+  bool same = true;
+  for (const Tensor& t : values.values()) {
+    same = same && (t.nbytes() == 0 || t.raw_data() == first.raw_data() ||
+                    std::memcmp(t.raw_data(), first.raw_data(), first.nbytes()) == 0);
+  }
+  // This worker's verdict: its replicas' one value (hashed), or "differ".
+  std::string verdict = "differ";
+  if (same) {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    const auto* p = static_cast<const unsigned char*>(first.raw_data());
+    for (std::size_t i = 0; i < first.nbytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    verdict = "same " + std::to_string(h);
+  }
+  const std::vector<std::string> all = internal::exchange_across_workers(s, verdict, "assign", nullptr);
+  for (const std::string& v : all) {
+    if (v != all[0] || v == "differ") return;  // per-replica values: their SUM
+  }
+  try {
+    throw InvalidArgumentError(
+        "A non-DistributedValues value " + (first.num_elements() <= 16 ? first.to_list_string()
+                                                                      : "of shape " + first.shape().to_string()) +
+        " cannot be reduced with the given reduce op SUM. (variable '" + var.name() +
+        "': every replica assigned the same value to a SUM-aggregated MirroredVariable, which TensorFlow takes as "
+        "one value, not one per replica: assign it in the cross-replica context, or aggregate with MEAN or "
+        "ONLY_FIRST_REPLICA)");
+  } catch (const Error&) {
+    internal::note_agreed_worker_error();  // every worker raises it here alike
+    throw;
+  }
 }
 
 const char* write_name(int kind) {
@@ -340,6 +382,7 @@ void Variable::write(Write kind_enum, const Tensor& value) {
           }
         }
         Variable var = vars.primary();
+        if (k == 0 && var.aggregation() == VariableAggregation::kSum) refuse_one_value_sum(s, var, values);
         Tensor aggregated;
         if (var.aggregation() == VariableAggregation::kOnlyFirstReplica) {
           // The first replica in sync: worker 0's, so mirrors stay equal across workers.

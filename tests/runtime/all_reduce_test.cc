@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -386,6 +387,102 @@ TEST(AllReduceTest, IndexedSlicesRejectMinAndMismatchedDenseShapes) {
     ctx.all_reduce(ReduceOp::kMin, IndexedSlices(constant({{1.f}}), constant({0}), Shape{2, 1}));
   }),
                InvalidArgumentError);
+}
+
+// A nest that holds IndexedSlices and dense tensors side by side (gradients,
+// some sparse): each leaf comes back as its lone all_reduce gives it, in one
+// collective; a list of sparse gradients alone too.
+TEST(AllReduceTest, NestsOfIndexedSlicesAndTensorsReduceEachLeafAsAlone) {
+  using Mixed = Nest<TensorOrSlices>;
+  for (int n : {1, 2, 3}) {
+    auto s = testing::mirrored(n);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+      auto r = s->run([&](ReplicaContext& ctx) {
+        const int id = ctx.replica_id_in_sync_group();
+        // Ragged: replica r has r + 1 rows of the first sparse leaf, 1 of the second.
+        std::vector<float> rows;
+        std::vector<std::int64_t> idx;
+        for (int k = 0; k <= id; ++k) {
+          rows.insert(rows.end(), {static_cast<float>(id), static_cast<float>(k)});
+          idx.push_back(k % 5);
+        }
+        const IndexedSlices embedding(constant(rows, Shape{id + 1, 2}), constant(idx, Shape{id + 1}), Shape{5, 2});
+        const IndexedSlices other(fill(DType::kFloat64, Shape{1, 3}, id), constant({id}), Shape{4, 3});
+        const Tensor dense = fill(DType::kFloat32, Shape{2, 2}, id + 1);
+        const Tensor count = constant({id});
+        const Mixed value = Mixed::dict({{"embedding", embedding},
+                                 {"layers", Mixed::list({dense, Mixed::tuple({other, count})})}});
+        const Mixed got = ctx.all_reduce(op, value);
+        // Each leaf as its own all_reduce gives it (later collectives of this run).
+        const IndexedSlices want_embedding = ctx.all_reduce(op, embedding);
+        const IndexedSlices want_other = ctx.all_reduce(op, other);
+        const Tensor want_dense = ctx.all_reduce(op, dense);
+        const Tensor want_count = ctx.all_reduce(op, count);
+        EXPECT_EQ(got.structure_string(), value.structure_string());
+        EXPECT_EQ(std::get<IndexedSlices>(got["embedding"].leaf()), want_embedding);
+        EXPECT_EQ(std::get<Tensor>(got["layers"][0].leaf()), want_dense);
+        EXPECT_EQ(std::get<IndexedSlices>(got["layers"][1][0].leaf()), want_other);
+        EXPECT_EQ(std::get<Tensor>(got["layers"][1][1].leaf()), want_count);
+        EXPECT_TRUE(std::get<Tensor>(got["layers"][0].leaf()).is_read_only());
+        // A list of sparse gradients alone.
+        const Mixed sparse_only = ctx.all_reduce(op, Mixed::list({embedding, other}));
+        EXPECT_EQ(std::get<IndexedSlices>(sparse_only[0].leaf()), want_embedding);
+        EXPECT_EQ(std::get<IndexedSlices>(sparse_only[1].leaf()), want_other);
+        // Dense leaves only: the Nest<Tensor> collective.
+        const Mixed dense_only = ctx.all_reduce(op, Mixed::list({dense, count}));
+        EXPECT_EQ(std::get<Tensor>(dense_only[1].leaf()), want_count);
+        return ctx.channel().sequence;
+      });
+      EXPECT_EQ(r[0], 7u) << "one collective per call";
+    }
+  }
+}
+
+// Mismatches of a mixed nest fail on every replica before data moves: a leaf
+// that is sparse on one replica and dense on another, another dense_shape,
+// and an op other than SUM and MEAN with a sparse leaf.
+TEST(AllReduceTest, NestsOfIndexedSlicesMismatchOnEveryReplica) {
+  using Mixed = Nest<TensorOrSlices>;
+  auto s = testing::mirrored(3);
+  const IndexedSlices slices(constant({{1.f, 2.f}}), constant({0}), Shape{4, 2});
+  const auto expect_everywhere = [&](const std::function<Mixed(ReplicaContext&)>& make, ReduceOp op,
+                                     const std::string& says) {
+    std::vector<std::string> messages(3);
+    EXPECT_THROW(s->run([&](ReplicaContext& ctx) {
+      try {
+        ctx.all_reduce(op, make(ctx));
+      } catch (const InvalidArgumentError& e) {
+        messages[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = e.what();
+        throw;
+      }
+    }),
+                 InvalidArgumentError);
+    for (const std::string& m : messages) {
+      EXPECT_EQ(m, messages[0]);
+      EXPECT_NE(m.find(says), std::string::npos) << m;
+    }
+  };
+  expect_everywhere(
+      [&](ReplicaContext& ctx) {
+        return ctx.replica_id_in_sync_group() == 2 ? Mixed::list({constant({{1.f, 2.f}}), slices})
+                                                   : Mixed::list({slices, slices});
+      },
+      ReduceOp::kSum, "leaf kinds");
+  expect_everywhere(
+      [&](ReplicaContext& ctx) {
+        return Mixed::list({IndexedSlices(constant({{1.f, 2.f}}), constant({0}),
+                                      Shape{4 + ctx.replica_id_in_sync_group(), 2})});
+      },
+      ReduceOp::kSum, "dense_shape (5, 2)");
+  expect_everywhere([&](ReplicaContext&) { return Mixed::list({slices, constant(1.f)}); }, ReduceOp::kMax,
+                    "supports SUM and MEAN only, not MAX");
+  // Rows may differ; the rest of a sparse leaf's values may not.
+  expect_everywhere(
+      [&](ReplicaContext& ctx) {
+        const std::int64_t width = ctx.replica_id_in_sync_group() == 1 ? 3 : 2;
+        return Mixed::list({IndexedSlices(fill(DType::kFloat32, Shape{1, width}, 1), constant({0}), Shape{4, width})});
+      },
+      ReduceOp::kSum, "dense_shape");
 }
 
 TEST(AllReduceTest, ResultsAreTheSameRunToRun) {

@@ -299,6 +299,51 @@ TEST(RunTest, VoidFunctionsAndNestedResults) {
   EXPECT_EQ(repr(r).substr(0, 13), "PerReplica:{\n");
 }
 
+// Replicas that return results of different structures (TensorFlow's
+// regroup refuses them): an error naming the replicas and the first
+// difference, instead of a PerReplica of mismatched values. Leaves may differ.
+TEST(RunTest, ResultsOfDifferentStructuresAreRefused) {
+  auto s = testing::mirrored(3);
+  using N = Nest<Tensor>;
+  auto msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      return N::dict({{"a", constant(1)}, {"b", id == 2 ? N::list({constant(1), constant(2), constant(3)})
+                                                        : N::list({constant(1), constant(2)})}});
+    });
+  });
+  EXPECT_NE(msg.find("run: the replicas returned results of different structures"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("They first differ at['b']: replica 0 has [*, *], replica 2 has [*, *, *]"), std::string::npos)
+      << msg;
+  // Vectors of different lengths, and maps with different keys.
+  msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      return std::vector<Tensor>(static_cast<std::size_t>(1 + ctx.replica_id_in_sync_group()), constant(1));
+    });
+  });
+  EXPECT_NE(msg.find("(replica 0: [*]; replica 1: [*, *])"), std::string::npos) << msg;
+  msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      std::map<std::string, Tensor> m{{"loss", constant(1.f)}};
+      if (ctx.replica_id_in_sync_group() == 1) m["extra"] = constant(2.f);
+      return m;
+    });
+  });
+  EXPECT_NE(msg.find("replica 1: {'extra': *, 'loss': *}"), std::string::npos) << msg;
+  msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->run([](ReplicaContext& ctx) {
+      return std::make_pair(constant(1), ctx.replica_id_in_sync_group() == 0 ? std::optional<Tensor>()
+                                                                           : std::optional<Tensor>(constant(2)));
+    });
+  });
+  EXPECT_NE(msg.find("replica 0: (*, None); replica 1: (*, *)"), std::string::npos) << msg;
+  // Same structures, different leaves (dtypes, shapes): fine, as in TensorFlow.
+  auto r = s->run([](ReplicaContext& ctx) {
+    return N::list({fill(DType::kFloat32, Shape{ctx.replica_id_in_sync_group() + 1}, 1)});
+  });
+  EXPECT_EQ(r.size(), 3u);
+}
+
 TEST(LocalResultsTest, NonDistributedValueIsATupleOfOne) {
   auto s = testing::mirrored(3);
   EXPECT_EQ(s->experimental_local_results(constant(4)).size(), 1u);
@@ -361,6 +406,83 @@ TEST(ReduceTest, NonDistributedValues) {
   EXPECT_THROW(s->reduce(ReduceOp::kSum, m, std::nullopt), InvalidArgumentError);
   OneDeviceStrategy one("CPU:0");
   EXPECT_EQ(one.reduce(ReduceOp::kSum, constant(5.f), std::nullopt), constant(5.f));
+}
+
+// Per-replica IndexedSlices in the cross-replica context, as TensorFlow: SUM
+// concatenates every replica's slices in replica order (dense shape kept),
+// MEAN divides the values too; MIN and mismatched slices are refused.
+TEST(ReduceTest, IndexedSlicesConcatenateAcrossReplicas) {
+  for (int n : {1, 2, 3}) {
+    auto s = testing::mirrored(n);
+    std::vector<IndexedSlices> parts;
+    std::vector<float> want_values;
+    std::vector<std::int64_t> want_indices;
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> rows;
+      std::vector<std::int64_t> idx;
+      for (int k = 0; k <= r; ++k) {
+        rows.insert(rows.end(), {static_cast<float>(r), static_cast<float>(k)});
+        idx.push_back((r + k) % 6);
+      }
+      parts.emplace_back(constant(rows, Shape{r + 1, 2}), constant(idx, Shape{r + 1}), Shape{6, 2});
+      want_values.insert(want_values.end(), rows.begin(), rows.end());
+      want_indices.insert(want_indices.end(), idx.begin(), idx.end());
+    }
+    const PerReplica<IndexedSlices> value(parts);
+    const auto rows = static_cast<std::int64_t>(want_indices.size());
+    const IndexedSlices sum = s->reduce(ReduceOp::kSum, value);
+    EXPECT_EQ(sum.values(), constant(want_values, Shape{rows, 2}));
+    EXPECT_EQ(sum.indices(), constant(want_indices, Shape{rows}));
+    EXPECT_EQ(sum.dense_shape(), (Shape{6, 2}));
+    const Mirrored<IndexedSlices> to = s->extended().reduce_to(ReduceOp::kMean, value, Destinations("CPU:0"));
+    ASSERT_EQ(to.size(), 1u);
+    std::vector<float> means = want_values;
+    for (float& v : means) v /= static_cast<float>(n);
+    EXPECT_EQ(to.primary().values(), constant(means, Shape{rows, 2}));
+    EXPECT_EQ(to.primary().indices(), constant(want_indices, Shape{rows}));
+    // The dense value of the SUM is the sum of the dense values.
+    std::vector<float> dense_sum(12, 0.f);
+    for (const IndexedSlices& p : parts) {
+      const Tensor d = p.to_dense();
+      for (std::size_t k = 0; k < dense_sum.size(); ++k) dense_sum[k] += d.flat<float>()[k];
+    }
+    EXPECT_EQ(sum.to_dense(), constant(dense_sum, Shape{6, 2}));
+    const auto batch = s->extended().batch_reduce_to(
+        ReduceOp::kSum, {{value, Destinations("CPU:0")}, {value, Destinations::of_devices(s->devices())}});
+    ASSERT_EQ(batch.size(), 2u);
+    EXPECT_EQ(batch[1].size(), static_cast<std::size_t>(n));
+    EXPECT_EQ(batch[1].component(static_cast<std::size_t>(n - 1)), sum);
+  }
+  auto s = testing::mirrored(2);
+  const IndexedSlices a(constant({{1.f}}), constant({0}), Shape{3, 1});
+  auto msg = testing::expect_throw<InvalidArgumentError>(
+      [&] { s->reduce(ReduceOp::kMin, PerReplica<IndexedSlices>({a, a})); });
+  EXPECT_NE(msg.find("reduce of IndexedSlices supports SUM and MEAN only, not MIN"), std::string::npos) << msg;
+  const IndexedSlices wider(constant({{1.f}}), constant({0}), Shape{4, 1});
+  msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->extended().reduce_to(ReduceOp::kSum, PerReplica<IndexedSlices>({a, wider}), Destinations("CPU:0"));
+  });
+  EXPECT_NE(msg.find("replica 1 has float32(?, 1), dense_shape (4, 1)"), std::string::npos) << msg;
+  EXPECT_THROW(s->reduce(ReduceOp::kSum, PerReplica<IndexedSlices>({a})), InvalidArgumentError);  // 1 of 2
+  // The default strategy and OneDevice: the one component.
+  OneDeviceStrategy one("CPU:0");
+  EXPECT_EQ(one.reduce(ReduceOp::kSum, PerReplica<IndexedSlices>({a})), a);
+}
+
+// batch_reduce_to takes values that are not per-replica, as reduce_to does.
+TEST(ReduceTest, BatchReduceToTakesNonDistributedValues) {
+  auto s = testing::mirrored(2);
+  const auto out = s->extended().batch_reduce_to(
+      ReduceOp::kMean, {{constant(5.f), Destinations("CPU:0")}, {constant({1, 2}), Destinations::of_devices(s->devices())}});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].primary(), constant(5.f));
+  EXPECT_EQ(out[1].component(1), constant({1, 2}));
+  const auto msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->extended().batch_reduce_to(ReduceOp::kSum, {{constant(5.f), Destinations("CPU:0")}});
+  });
+  EXPECT_NE(msg.find("A non-DistributedValues value 5.0 cannot be reduced with the given reduce op SUM."),
+            std::string::npos)
+      << msg;
 }
 
 TEST(ReduceTest, MirroredValueAlongAnAxis) {
@@ -471,7 +593,8 @@ TEST(ExtendedTest, BatchReduceToNamesTheBadValue) {
       [&] { s->extended().batch_reduce_to(ReduceOp::kSum, {{good, "CPU:0"}, {bad, "CPU:0"}}); });
   EXPECT_NE(msg.find("value 1: batch_reduce_to: the components must have the same dtype and shape"), std::string::npos)
       << msg;
-  EXPECT_TRUE(s->extended().batch_reduce_to(ReduceOp::kSum, {}).empty());
+  EXPECT_TRUE(
+      s->extended().batch_reduce_to(ReduceOp::kSum, std::vector<std::pair<PerReplica<Tensor>, Destinations>>{}).empty());
 }
 
 TEST(ExtendedTest, BroadcastToEveryDevice) {

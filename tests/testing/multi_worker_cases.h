@@ -46,6 +46,21 @@ struct WorkerEnv {
   int replicas() const { return workers * local_replicas; }
 };
 
+// The class name of the distribute::Error `f` throws ("std::exception" for
+// another exception, "" for none), and its message.
+inline std::string error_kind(const std::function<void()>& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.message();
+    return std::string(to_string(e.code()));
+  } catch (const std::exception& e) {
+    if (message) *message = e.what();
+    return "std::exception";
+  }
+  return "";
+}
+
 inline bool identical(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
@@ -162,6 +177,105 @@ inline void AllReduceIndexedSlices(const WorkerEnv& env) {
       EXPECT_EQ(got.values().flat<float>()[static_cast<std::size_t>(2 * g)], static_cast<float>(g + 1));
     }
   }
+}
+
+// A nest of IndexedSlices and dense tensors, mixed, across workers: each leaf
+// as a single-process strategy of as many replicas reduces it (ragged rows).
+inline void AllReduceNestsOfIndexedSlicesAndTensors(const WorkerEnv& env) {
+  using Mixed = Nest<TensorOrSlices>;
+  const auto value_of = [](int g) {
+    std::vector<float> rows;
+    std::vector<std::int64_t> idx;
+    for (int k = 0; k <= g % 3; ++k) {
+      rows.insert(rows.end(), {static_cast<float>(g), static_cast<float>(k)});
+      idx.push_back((g + k) % 7);
+    }
+    const IndexedSlices sparse(constant(rows, Shape{g % 3 + 1, 2}), constant(idx, Shape{g % 3 + 1}), Shape{7, 2});
+    return Mixed::dict({{"dense", fill(DType::kFloat32, Shape{3}, g)},
+                        {"grads", Mixed::list({sparse, fill(DType::kInt64, Shape{2}, g)})}});
+  };
+  auto s = env.strategy();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+    auto got = s->run([&](ReplicaContext& ctx) { return ctx.all_reduce(op, value_of(ctx.replica_id_in_sync_group())); });
+    auto reference = mirrored(env.replicas());
+    auto want = reference->run([&](ReplicaContext& ctx) {
+      return ctx.all_reduce(op, value_of(ctx.replica_id_in_sync_group()));
+    });
+    for (const Mixed& g : got.values()) {
+      EXPECT_EQ(std::get<IndexedSlices>(g["grads"][0].leaf()), std::get<IndexedSlices>(want[0]["grads"][0].leaf()));
+      EXPECT_TRUE(identical(std::get<Tensor>(g["grads"][1].leaf()), std::get<Tensor>(want[0]["grads"][1].leaf())));
+      EXPECT_TRUE(identical(std::get<Tensor>(g["dense"].leaf()), std::get<Tensor>(want[0]["dense"].leaf())));
+    }
+  }
+}
+
+// Per-replica IndexedSlices in the cross-replica context, across workers:
+// every replica's slices in replica order (SUM), the values divided (MEAN).
+inline void CrossReplicaIndexedSlicesAcrossWorkers(const WorkerEnv& env) {
+  auto s = env.strategy();
+  const auto slices_of = [](int g) {
+    return IndexedSlices(fill(DType::kFloat32, Shape{g % 2 + 1, 2}, g + 1),
+                         constant(std::vector<std::int64_t>(static_cast<std::size_t>(g % 2 + 1), g), Shape{g % 2 + 1}),
+                         Shape{64, 2});
+  };
+  const PerReplica<IndexedSlices> mine = s->run([&](ReplicaContext& ctx) { return slices_of(ctx.replica_id_in_sync_group()); });
+  std::vector<float> values;
+  std::vector<std::int64_t> indices;
+  for (int g = 0; g < env.replicas(); ++g) {
+    for (int k = 0; k <= g % 2; ++k) {
+      values.insert(values.end(), {static_cast<float>(g + 1), static_cast<float>(g + 1)});
+      indices.push_back(g);
+    }
+  }
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  const IndexedSlices sum = s->reduce(ReduceOp::kSum, mine);
+  EXPECT_EQ(sum.values(), constant(values, Shape{rows, 2}));
+  EXPECT_EQ(sum.indices(), constant(indices, Shape{rows}));
+  const Mirrored<IndexedSlices> mean = s->extended().reduce_to(ReduceOp::kMean, mine, Destinations("CPU:0"));
+  for (float& v : values) v /= static_cast<float>(env.replicas());
+  EXPECT_EQ(mean.primary().values(), constant(values, Shape{rows, 2}));
+  const auto batch = s->extended().batch_reduce_to(ReduceOp::kSum, {{mine, Destinations("CPU:0")}});
+  EXPECT_EQ(batch.at(0).primary(), sum);
+  // MIN is refused on every worker, and the strategy stays usable.
+  EXPECT_EQ(error_kind([&] { s->reduce(ReduceOp::kMin, mine); }), "InvalidArgumentError");
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, mine), sum);
+}
+
+// A value that is not distributed is one value per worker under several
+// workers (each worker's own, reduced across the workers, as TensorFlow
+// does: two workers holding 1.0 give 2.0), and one value for the whole group
+// with one worker (SUM refused). A shape that differs between workers fails
+// every worker alike, and the strategy stays usable.
+inline void NonDistributedValuesAreOnePerWorker(const WorkerEnv& env) {
+  auto s = env.strategy();
+  const auto w = static_cast<float>(env.workers);
+  const Tensor mine = constant({static_cast<float>(env.worker), 1.f});
+  if (env.workers == 1) {
+    EXPECT_EQ(error_kind([&] { s->reduce(ReduceOp::kSum, mine, std::nullopt); }), "InvalidArgumentError");
+    EXPECT_EQ(s->reduce(ReduceOp::kMean, mine, std::nullopt), mine);
+    return;
+  }
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, mine, std::nullopt), constant({w * (w - 1) / 2, w}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, mine, std::nullopt), constant({(w - 1) / 2, 1.f}));
+  EXPECT_EQ(s->reduce(ReduceOp::kMax, mine, std::nullopt), constant({w - 1, 1.f}));
+  const Mirrored<Tensor> to = s->extended().reduce_to(ReduceOp::kSum, constant(1.f), Destinations("CPU:0"));
+  EXPECT_EQ(to.primary(), constant(w));
+  const auto batch = s->extended().batch_reduce_to(
+      ReduceOp::kSum, {{constant(1.f), Destinations("CPU:0")}, {constant(std::int64_t{2}), Destinations("CPU:0")}});
+  EXPECT_EQ(batch.at(0).primary(), constant(w));
+  EXPECT_EQ(batch.at(1).primary(), constant(static_cast<std::int64_t>(2 * env.workers)));
+  // Integers: an exact MEAN over the workers, truncated.
+  EXPECT_EQ(s->reduce(ReduceOp::kMean, constant(env.worker == 0 ? 1 : 0), std::nullopt), constant(0));
+  std::string message;
+  const std::string kind = error_kind(
+      [&] {
+        s->reduce(ReduceOp::kSum, env.worker == env.workers - 1 ? constant({1.f, 2.f, 3.f}) : constant({1.f, 2.f}),
+                  std::nullopt);
+      },
+      &message);
+  EXPECT_EQ(kind, "InvalidArgumentError") << message;
+  EXPECT_NE(message.find("worker"), std::string::npos) << message;
+  EXPECT_EQ(s->reduce(ReduceOp::kSum, constant(1.f), std::nullopt), constant(w));
 }
 
 inline void AllGatherRaggedNested(const WorkerEnv& env) {
@@ -309,18 +423,6 @@ inline void StrategyReduceGatherAndBroadcastTo(const WorkerEnv& env) {
 // ---- failures: the same error on every worker, never a hang --------------------------
 
 // Catches what `f` throws; "" if nothing.
-inline std::string error_kind(const std::function<void()>& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message) *message = e.message();
-    return std::string(to_string(e.code()));
-  } catch (const std::exception& e) {
-    if (message) *message = e.what();
-    return "std::exception";
-  }
-  return "";
-}
 
 inline void MismatchedCollectivesFailEverywhere(const WorkerEnv& env) {
   if (env.replicas() < 2) return;
@@ -624,6 +726,39 @@ inline void AWorkerWhoseStrategyFailsLateFailsEveryWorkerAtOnce(const WorkerEnv&
 // Variables: every worker starts from worker 0's initial value, replica
 // writes aggregate over every worker's replicas, and a SyncOnReadVariable's
 // cross-replica read reduces across workers.
+// Every replica assigning the same value to a SUM-aggregated
+// MirroredVariable in a replica context: TensorFlow takes it as one value and
+// refuses to SUM it; it never adds it N times (2 replicas assigning 5.0 gave
+// 10.0). Refused on every worker alike; values that differ are summed; the
+// strategy stays usable.
+inline void SumAssignOfOneValueIsRefused(const WorkerEnv& env) {
+  auto s = env.strategy();
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(0.f), VariableOptions{.name = "w", .aggregation = VariableAggregation::kSum});
+  }
+  if (env.replicas() > 1) {
+    std::string message;
+    const std::string kind =
+        error_kind([&] { s->run([&](ReplicaContext&) { w->assign(constant(5.f)); }); }, &message);
+    EXPECT_EQ(kind, "InvalidArgumentError") << message;
+    EXPECT_NE(message.find("A non-DistributedValues value 5.0 cannot be reduced with the given reduce op SUM."),
+              std::string::npos)
+        << message;
+    for (const Tensor& c : w->values()) EXPECT_EQ(c.scalar<float>(), 0.f);  // nothing written
+  }
+  // Per-replica values: their SUM, as TensorFlow's per-replica tensors.
+  s->run([&](ReplicaContext& ctx) { w->assign(constant(static_cast<float>(ctx.replica_id_in_sync_group() + 1))); });
+  const auto n = static_cast<float>(env.replicas());
+  for (const Tensor& c : w->values()) EXPECT_EQ(c.scalar<float>(), n * (n + 1) / 2);
+  // One replica: its value is the SUM.
+  if (env.replicas() == 1) {
+    s->run([&](ReplicaContext&) { w->assign(constant(5.f)); });
+    EXPECT_EQ(w->values()[0].scalar<float>(), 5.f);
+  }
+}
+
 inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEnv& env) {
   auto s = env.strategy();
   const float n = static_cast<float>(env.replicas());
@@ -981,6 +1116,10 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(AllReduceEveryOpAndDtype)                   \
   X(AllReduceLargeNestedAndPacked)              \
   X(AllReduceIndexedSlices)                     \
+  X(AllReduceNestsOfIndexedSlicesAndTensors)    \
+  X(CrossReplicaIndexedSlicesAcrossWorkers)      \
+  X(NonDistributedValuesAreOnePerWorker)         \
+  X(SumAssignOfOneValueIsRefused)                \
   X(AllGatherRaggedNested)                      \
   X(ReplicaBroadcastFromEveryRoot)              \
   X(MergeCallOncePerWorkerAndReduceToAcrossWorkers) \
