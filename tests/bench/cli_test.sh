@@ -21,5 +21,8 @@ expect 2 "-b \(2,048 bytes\) must be <= -e \(1,024 bytes\)" -b 2K -e 1K
 expect 2 "-b 1.5 is not a whole number of bytes" -b 1.5
 expect 2 "-e 4,000,000,000,000,000,000 bytes needs at least .* GiB for its input and output on 2 replicas, more than this machine's" \
   -b 4000000000000000000 -e 4000000000000000000 --replicas 2
+# Output: a folder that does not exist is found before the sweep; a full disk at the end.
+expect 2 "--csv /nonexistent/folder/b.csv: cannot create it in /nonexistent/folder" --csv /nonexistent/folder/b.csv
+expect 2 "could not write the CSV file /dev/full: No space left on device" -b 8 -e 8 --iters 1 --warmup 0 --csv /dev/full
 expect 0 "size\(B\)" --op all_reduce --replicas 2 -b 8 -e 64 -f 8 --iters 1 --warmup 0
 exit $((fails > 0))

@@ -30,12 +30,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +44,7 @@
 #include "comm/threads/shared_memory_communicator.h"
 #include "distribute/distribute.h"
 #include "flags.h"
+#include "output.h"
 #include "runtime/replica_channel.h"
 
 #ifdef DIST_HAVE_MPI
@@ -184,6 +185,10 @@ Options parse(int argc, char** argv) {
   if (o.in_place && (o.op != "broadcast" || o.shared_output || o.api == "tensor")) {
     usage("--in-place is for the engine's --op broadcast into its own buffers (--api raw or both, no --shared-output)");
   }
+  flag_value([&] {
+    tools::check_writable("--csv", o.csv);  // before the sweep, not after it
+    return 0;
+  });
   if (o.factor <= 1) usage("-f must be > 1, got " + std::to_string(o.factor));
   if (o.min_bytes > o.max_bytes) {
     usage("-b (" + tools::grouped(static_cast<std::int64_t>(o.min_bytes)) + " bytes) must be <= -e (" +
@@ -791,11 +796,7 @@ int run_benchmark(const Options& o) {
     rows.push_back(row);
   }
   if (!o.csv.empty()) {
-    std::ofstream csv(o.csv);
-    if (!csv) {
-      std::fprintf(stderr, "distribute-bench: cannot write %s\n", o.csv.c_str());
-      return 1;
-    }
+    std::ostringstream csv;
     csv << "op,replicas,api,dtype,redop,bytes,count,median_us,min_us,algbw_gbs,busbw_gbs,wrong,faults_per_op,"
            "memcpy_gbs,raw_median_us\n";
     for (const Row& r : rows) {
@@ -803,6 +804,7 @@ int run_benchmark(const Options& o) {
           << r.bytes << ',' << r.count << ',' << r.median_us << ',' << r.min_us << ',' << r.algbw << ',' << r.busbw
           << ',' << r.wrong << ',' << r.faults_per_op << ',' << r.memcpy_bw << ',' << r.raw_median_us << '\n';
     }
+    tools::write_file("CSV file", o.csv, csv.str());  // an error (a full disk) reaches main: exit 2
   }
   std::size_t total_wrong = 0;
   for (const Row& r : rows) total_wrong += r.wrong;

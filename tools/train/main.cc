@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <system_error>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -24,6 +23,7 @@
 
 #include "agree.h"
 #include "flags.h"
+#include "output.h"
 #include "trainer.h"
 
 #ifdef DIST_HAVE_MPI
@@ -68,33 +68,8 @@ using tools::parse_int32;
 using tools::parse_positive;
 using tools::UsageError;
 
-// An output file that cannot be written is found before the training, not
-// after it: the file, or else its folder, must be writable.
-void check_writable(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  if (access(path.c_str(), F_OK) == 0) {
-    if (access(path.c_str(), W_OK) != 0) throw UsageError(flag + " " + path + ": " + std::strerror(errno));
-    return;
-  }
-  const std::string folder = std::filesystem::path(path).parent_path().string();
-  if (access(folder.empty() ? "." : folder.c_str(), W_OK | X_OK) != 0) {
-    throw UsageError(flag + " " + path + ": cannot create it in " + (folder.empty() ? "." : folder) + ": " +
-                     std::strerror(errno));
-  }
-}
-
-// Writes `text` to `path` whole, or raises an error naming the file and why
-// (a full disk: ENOSPC, at the write or at the close).
-void write_file(const std::string& what, const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) throw NotFoundError("cannot write the " + what + " " + path + ": " + std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
-  const int error = errno;
-  if (std::fclose(f) != 0 || !written) {
-    throw InvalidArgumentError("could not write the " + what + " " + path + ": " +
-                               std::strerror(written ? errno : error));
-  }
-}
+using tools::check_writable;
+using tools::write_file;
 
 Args parse(int argc, char** argv) {
   Args a;
