@@ -146,15 +146,23 @@ class Communicator {
   // Fails the group: every pending and later call on every rank throws an
   // error of `code` with `message`, until the group is reset by its owner.
   virtual void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept = 0;
-  // This rank's user is done with the group for now (a strategy built on it
+  // The session that the latest call with CollectiveCall::starts_session
+  // began: a number the same on every rank (0 before any, and for a backend
+  // without sessions). Its user reads it right after that call.
+  virtual std::uint64_t session() const noexcept { return 0; }
+  // This rank's user is done with session `session` (a strategy built on it
   // was destroyed; `why` says so): another rank that is in, or enters, a
-  // call this rank did not make raises FailedPreconditionError naming this
-  // rank and `why` at once, instead of waiting for it; one that starts a new
-  // session (CollectiveCall::starts_session) after the same calls is where it
-  // should be. A backend between processes also says so on its own when its
-  // process ends or the communicator is destroyed. The default does nothing:
-  // the threads of one process see a replica return on their own.
-  virtual void end_session(std::string_view why) noexcept { static_cast<void>(why); }
+  // call of that session this rank did not make raises
+  // FailedPreconditionError naming this rank and `why` at once, instead of
+  // waiting for it; a rank in another session (it started a new one after
+  // the same calls, or before this one ended) is not concerned. A backend
+  // between processes also says so on its own when its process ends or the
+  // communicator is destroyed. The default does nothing: the threads of one
+  // process see a replica return on their own.
+  virtual void end_session(std::uint64_t session, std::string_view why) noexcept {
+    static_cast<void>(session);
+    static_cast<void>(why);
+  }
 };
 
 }  // namespace distribute

@@ -30,6 +30,7 @@
 // later collective raises the first failure. docs/errors.md has the details.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,7 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   std::shared_ptr<Communicator> workers_;
   int worker_rank_;
   int num_workers_;
+  std::uint64_t session_ = 0;  // of the workers' link, begun by this strategy's meeting
 };
 
 }  // namespace distribute

@@ -498,10 +498,14 @@ struct ResultStructure<std::map<K, V, Compare>> {
     s += '{';
     bool first = true;
     for (const auto& [key, value] : v) {
-      std::ostringstream k;
-      k << key;
       s += first ? "'" : ", '";
-      s += k.str();
+      if constexpr (requires(std::ostream& os, const K& k) { os << k; }) {
+        std::ostringstream k;
+        k << key;
+        s += k.str();
+      } else {
+        s += '?';  // a key that cannot be printed: the keys' count is compared still
+      }
       s += "': ";
       ResultStructure<V>::append(s, value);
       first = false;

@@ -342,6 +342,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup 
   if (workers_ != nullptr) {
     set_workers(workers_);
     internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr, setup.met);
+    session_ = workers_->session();  // the session the meeting began
   }
 } catch (...) {
   if (setup.workers != nullptr && !setup.met) {
@@ -353,7 +354,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() {
   // The other workers stop waiting for this one in the collectives of this
   // strategy; a worker that makes its next strategy is unaffected.
-  if (workers_ != nullptr) workers_->end_session("its MultiWorkerMirroredStrategy was destroyed");
+  if (workers_ != nullptr) workers_->end_session(session_, "its MultiWorkerMirroredStrategy was destroyed");
 }
 
 }  // namespace distribute

@@ -123,9 +123,11 @@ int first_replica_of_group(const ReplicaContext& ctx) {
 }
 
 // A collective's output, which the communicator allocates: out of memory
-// there is raised on every replica alike (the communicator's contract), as
-// ResourceExhaustedError naming the collective and the size, not a bare
-// std::bad_alloc.
+// there is raised as ResourceExhaustedError naming the collective and the
+// size, not a bare std::bad_alloc. The in-process and hierarchical
+// backends raise it on every replica alike, before any input is read; the
+// defaults of Communicator allocate on each rank alone, and a rank that
+// raises it alone aborts the others (the run's abort).
 template <class Make>
 std::shared_ptr<std::byte> collective_output(const CollectiveCall& call, DType dtype, std::size_t elements,
                                              Make&& make) {

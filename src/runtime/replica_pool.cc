@@ -1,6 +1,5 @@
 #include "runtime/replica_pool.h"
 
-#include <cxxabi.h>
 #include <pthread.h>
 
 #include <cerrno>
@@ -55,10 +54,11 @@ ReplicaPool::~ReplicaPool() { stop_workers(); }
 void ReplicaPool::replace_ended_workers() {
   for (std::size_t w = 0; w < workers_.size(); ++w) {
     if (!ended_[w]) continue;
-    workers_[w].join();  // it has returned already
-    ended_[w] = false;
+    if (workers_[w].joinable()) workers_[w].join();  // it has returned already
     const int r = static_cast<int>(w) + 1;
+    // (If the start fails, the run raises it; the slot is tried again at the next.)
     workers_[w] = std::thread([this, r] { worker_loop(r); });
+    ended_[w] = false;
   }
 }
 
@@ -68,7 +68,9 @@ void ReplicaPool::stop_workers() {
     stopping_ = true;
   }
   start_cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();  // (a slot whose replacement failed to start holds none)
+  }
 }
 
 void ReplicaPool::worker_loop(int replica) {
@@ -83,16 +85,14 @@ void ReplicaPool::worker_loop(int replica) {
       seen = generation_;
       task = task_;
     }
-    try {
-      (*task)(replica);
-    } catch (abi::__forced_unwind&) {
-      // The replica called pthread_exit: this thread ends (the unwinding must
-      // go on); the next run starts another in its place.
-      std::lock_guard<std::mutex> lock(mu_);
-      ended_[static_cast<std::size_t>(replica - 1)] = true;
-      if (--pending_ == 0) done_cv_.notify_one();
-      throw;
-    }
+    // The replica called pthread_exit: this thread ends (the unwinding goes
+    // on); the next run starts another in its place.
+    with_forced_unwind([&] { (*task)(replica); },
+                       [&] {
+                         std::lock_guard<std::mutex> lock(mu_);
+                         ended_[static_cast<std::size_t>(replica - 1)] = true;
+                         if (--pending_ == 0) done_cv_.notify_one();
+                       });
     std::lock_guard<std::mutex> lock(mu_);
     if (--pending_ == 0) done_cv_.notify_one();
   }
@@ -107,14 +107,9 @@ void ReplicaPool::run(const std::function<void(int)>& task) {
     ++generation_;
   }
   start_cv_.notify_all();
-  try {
-    task(0);
-  } catch (abi::__forced_unwind&) {
-    // Replica 0 called pthread_exit: the workers still run `task`, which
-    // lives in a frame this unwinding is about to leave; wait for them first.
-    wait_for_workers();
-    throw;
-  }
+  // Replica 0 calling pthread_exit: the workers still run `task`, which lives
+  // in a frame this unwinding is about to leave; they are waited for first.
+  with_forced_unwind([&] { task(0); }, [&] { wait_for_workers(); });
   wait_for_workers();
 }
 
@@ -143,12 +138,10 @@ void run_on_new_threads(int replicas, const std::function<void(int)>& task,
     for (auto& t : threads) t.join();
     throw;
   }
-  try {
-    task(0);
-  } catch (abi::__forced_unwind&) {
-    for (auto& t : threads) t.join();  // they run `task`, in a frame the unwinding leaves
-    throw;
-  }
+  // (On a forced unwind, they run `task`, in a frame the unwinding leaves.)
+  with_forced_unwind([&] { task(0); }, [&] {
+    for (auto& t : threads) t.join();
+  });
   for (auto& t : threads) t.join();
 }
 

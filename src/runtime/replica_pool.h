@@ -4,6 +4,8 @@
 // Idle workers sleep on a condition variable: they burn no CPU between steps.
 #pragma once
 
+#include <cxxabi.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -13,6 +15,33 @@
 #include <vector>
 
 namespace distribute::internal {
+
+// Calls body(). If it ends in a forced unwind (pthread_exit, or a thread
+// cancellation), calls forced() and lets the unwinding go on: one caught and
+// not rethrown ends the process. Any other exception calls other() (when
+// given) and goes no further. (The catch binds a reference to
+// abi::__forced_unwind, which the unwinding carries no C++ object for:
+// UBSan's null check, which takes it for a null reference, is off here.)
+template <class Body, class Forced, class Other>
+__attribute__((no_sanitize("null"))) void with_forced_unwind(Body&& body, Forced&& forced, Other&& other) {
+  try {
+    body();
+  } catch (abi::__forced_unwind&) {
+    forced();
+    throw;
+  } catch (...) {
+    other();
+  }
+}
+template <class Body, class Forced>
+__attribute__((no_sanitize("null"))) void with_forced_unwind(Body&& body, Forced&& forced) {
+  try {
+    body();
+  } catch (abi::__forced_unwind&) {
+    forced();
+    throw;
+  }
+}
 
 class ReplicaPool {
  public:

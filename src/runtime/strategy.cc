@@ -443,34 +443,35 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
     {
       internal::ModeGuard mode(internal::ModeEntry{this, nullptr, &contexts[idx], 1, -1});
       internal::DeviceScope device(devices_[idx]);
-      try {
-        body(contexts[idx]);
-      } catch (abi::__forced_unwind&) {
-        // pthread_exit (or a cancellation) in the replica function: its thread
-        // ends, so must this replica's part. The unwinding has to go on (a
-        // forced unwind that is caught and not rethrown ends the process);
-        // the others are told, and the run raises this in its place.
-        errors[idx] = std::make_exception_ptr(FailedPreconditionError(
-            "Replica " + std::to_string(first_replica_id_ + i) +
-            " called pthread_exit (or its thread was cancelled) inside its replica function: its thread ended "
-            "there, and so did its part of the run"));
-        res.abort(ErrorCode::kAborted,
-                  "Replica " + std::to_string(first_replica_id_ + i) +
-                      " ended its thread (pthread_exit) inside its replica function; the collectives of the other "
-                      "replicas were aborted.",
-                  i);
-        res.local->mark_done(i);
-        throw;
-      } catch (...) {
-        errors[idx] = std::current_exception();
-        // An error every replica raised alike leaves nobody waiting: the
-        // workers' link stays usable. Anything else aborts the others.
-        if (!res.channels[idx].agreed_failure) res.abort(ErrorCode::kAborted,
-                  "Replica " + std::to_string(first_replica_id_ + i) + " failed with " +
-                      internal::describe_exception(errors[idx]) +
-                      "; the collectives of the other replicas were aborted.",
-                  i);
-      }
+      internal::with_forced_unwind(
+          [&] { body(contexts[idx]); },
+          [&] {
+            // pthread_exit (or a cancellation) in the replica function: its
+            // thread ends, so must this replica's part. The others are told,
+            // and the run raises this in its place.
+            errors[idx] = std::make_exception_ptr(FailedPreconditionError(
+                "Replica " + std::to_string(first_replica_id_ + i) +
+                " called pthread_exit (or its thread was cancelled) inside its replica function: its thread ended "
+                "there, and so did its part of the run"));
+            res.abort(ErrorCode::kAborted,
+                      "Replica " + std::to_string(first_replica_id_ + i) +
+                          " ended its thread (pthread_exit) inside its replica function; the collectives of the other "
+                          "replicas were aborted.",
+                      i);
+            res.local->mark_done(i);
+          },
+          [&] {
+            errors[idx] = std::current_exception();
+            // An error every replica raised alike leaves nobody waiting: the
+            // workers' link stays usable. Anything else aborts the others.
+            if (!res.channels[idx].agreed_failure) {
+              res.abort(ErrorCode::kAborted,
+                        "Replica " + std::to_string(first_replica_id_ + i) + " failed with " +
+                            internal::describe_exception(errors[idx]) +
+                            "; the collectives of the other replicas were aborted.",
+                        i);
+            }
+          });
     }
     res.local->mark_done(i);
   };

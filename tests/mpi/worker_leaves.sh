@@ -9,7 +9,7 @@ shift 4
 failures=0
 for mode in "$@"; do
   case $mode in
-    second | replace | sequence) expected=$np ;;  # the leaver reports too (or nobody leaves)
+    second | replace | sequence | renew) expected=$np ;;  # the leaver reports too (or nobody leaves)
     *) expected=$((np - 1)) ;;
   esac
   start=$(date +%s%N)

@@ -16,6 +16,9 @@
 //   replace    destroys its strategy and makes another on the same link
 //   sequence   (every worker) destroys its strategy and makes another on
 //              the same link: nothing leaves, the next step must work
+//   renew      (every worker) makes a new strategy on the same link before
+//              the old one is destroyed (`strategy = make_unique<...>(...)`):
+//              the old one's end must not end the new one
 // while the others go on with more steps. Each worker that should see an
 // error prints one line
 //   RESULT rank R: OK|BAD <error class> after S s: <message>
@@ -80,8 +83,8 @@ int main(int argc, char** argv) {
   const std::string named = "worker " + std::to_string(leaver);
   step(*strategy);
 
-  if (mode == "sequence") {
-    strategy.reset();
+  if (mode == "sequence" || mode == "renew") {
+    if (mode == "sequence") strategy.reset();
     strategy = std::make_unique<MultiWorkerMirroredStrategy>(local, link, CommunicationOptions{});
     const auto start = Clock::now();
     try {

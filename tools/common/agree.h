@@ -32,7 +32,9 @@ inline void agree_on_flags(Strategy& strategy, const Flags& flags) {
     return t;
   }();
   const Tensor length = constant({static_cast<std::int64_t>(text.size())});
-  strategy.run([&](ReplicaContext& ctx) {
+  // Gathered in a run; compared after it, outside the replicas, so that the
+  // error (the same on every worker) leaves the workers' link usable.
+  const PerReplica<std::vector<std::string>> gathered = strategy.run([&](ReplicaContext& ctx) {
     const Tensor lengths = ctx.all_gather(length, 0);
     const Tensor all = ctx.all_gather(mine, 0);
     // Replica g's text; worker w's is that of its first replica.
@@ -44,36 +46,36 @@ inline void agree_on_flags(Strategy& strategy, const Flags& flags) {
       if (g % local == 0) texts.emplace_back(bytes + at, n);
       at += n;
     }
-    for (int w = 1; w < workers; ++w) {
-      if (texts[static_cast<std::size_t>(w)] == texts[0]) continue;
-      // The first line that differs, with every worker's value of that flag.
-      auto value_of = [](const std::string& all_flags, const std::string& name) {
-        const std::string key = name + "=";
-        std::size_t line = 0;
-        while (line < all_flags.size()) {
-          const std::size_t end = all_flags.find('\n', line);
-          if (all_flags.compare(line, key.size(), key) == 0) return all_flags.substr(line + key.size(), end - line - key.size());
-          line = end + 1;
-        }
-        return std::string("(not given)");
-      };
-      for (const auto& [name, value] : flags) {
-        static_cast<void>(value);
-        std::string values;
-        bool differ = false;
-        for (int q = 0; q < workers; ++q) {
-          const std::string v = value_of(texts[static_cast<std::size_t>(q)], name);
-          differ |= v != value_of(texts[0], name);
-          values += (q ? ", worker " : "worker ") + std::to_string(q) + ": " + v;
-        }
-        if (differ) {
-          throw InvalidArgumentError("every worker must be given the same " + name + ", but they have " + values);
-        }
-      }
-      throw InvalidArgumentError("the workers were given different flags (worker 0: " + texts[0] +
-                                 "; worker " + std::to_string(w) + ": " + texts[static_cast<std::size_t>(w)] + ")");
-    }
+    return texts;
   });
+  const std::vector<std::string>& texts = gathered.primary();
+  for (int w = 1; w < workers; ++w) {
+    if (texts[static_cast<std::size_t>(w)] == texts[0]) continue;
+    // The first flag that differs, with every worker's value of it.
+    auto value_of = [](const std::string& all_flags, const std::string& name) {
+      const std::string key = name + "=";
+      std::size_t line = 0;
+      while (line < all_flags.size()) {
+        const std::size_t end = all_flags.find('\n', line);
+        if (all_flags.compare(line, key.size(), key) == 0) return all_flags.substr(line + key.size(), end - line - key.size());
+        line = end + 1;
+      }
+      return std::string("(not given)");
+    };
+    for (const auto& [name, value] : flags) {
+      static_cast<void>(value);
+      std::string values;
+      bool differ = false;
+      for (int q = 0; q < workers; ++q) {
+        const std::string v = value_of(texts[static_cast<std::size_t>(q)], name);
+        differ |= v != value_of(texts[0], name);
+        values += (q ? ", worker " : "worker ") + std::to_string(q) + ": " + v;
+      }
+      if (differ) throw InvalidArgumentError("every worker must be given the same " + name + ", but they have " + values);
+    }
+    throw InvalidArgumentError("the workers were given different flags (worker 0: " + texts[0] + "; worker " +
+                               std::to_string(w) + ": " + texts[static_cast<std::size_t>(w)] + ")");
+  }
 }
 
 }  // namespace distribute::tools

@@ -21,6 +21,8 @@ namespace distribute::tools {
 // a full disk is found at the write.)
 inline void check_writable(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) throw UsageError(flag + " " + path + ": is a folder, not a file");
   if (access(path.c_str(), F_OK) == 0) {
     if (access(path.c_str(), W_OK) != 0) throw UsageError(flag + " " + path + ": " + std::strerror(errno));
     return;

@@ -74,13 +74,16 @@ void finalize_at_exit() {
                  "and MPI_Finalize would wait for it\n");
     return;
   }
+  // Outside MPI, before MPI_Finalize: a replica thread still in a call can
+  // send the notice in its turn and stop calling MPI.
+  MpiCommunicator::leave_all("its process is ending");
   MPI_Finalize();
 }
 
 // MPI_Finalize deletes MPI_COMM_SELF's attributes first, while MPI still
 // works: every live communicator says that this process leaves.
 int leave_at_finalize(MPI_Comm, int, void*, void*) {
-  MpiCommunicator::leave_all("its process is ending (MPI_Finalize)");
+  MpiCommunicator::leave_all("its process called MPI_Finalize");  // (at exit, done already)
   return MPI_SUCCESS;
 }
 
@@ -275,6 +278,9 @@ MpiCommunicator::Token::Token(MpiCommunicator& c) : c_(c) {
 }
 
 MpiCommunicator::Token::~Token() {
+  // A departure that another thread left to the token's holder (a thread
+  // ending the process while this one was in a call).
+  if (c_.departure_pending_.load(std::memory_order_acquire)) c_.flush_departure();
   c_.token_holder_.store(std::thread::id());
   c_.token_.unlock();
   c_.flush_notice();  // an abort() from another thread may have left its notice for us
@@ -320,8 +326,12 @@ void MpiCommunicator::receive_notices() {
     if (nonce != nonce_) continue;  // to an earlier communicator whose context MPI reused for this one
     text.erase(0, sizeof nonce);
     if ((text[0] == kLeftNotice || text[0] == kSessionEndNotice) && text.size() >= 1 + sizeof(std::uint64_t)) {
-      Departure d{.rank = from, .for_good = text[0] == kLeftNotice, .why = text.substr(1 + sizeof(std::uint64_t))};
+      // kind, calls, session, why
+      constexpr std::size_t kWhy = 1 + 2 * sizeof(std::uint64_t);
+      if (text.size() < kWhy) continue;
+      Departure d{.rank = from, .for_good = text[0] == kLeftNotice, .why = text.substr(kWhy)};
       std::memcpy(&d.calls, text.data() + 1, sizeof d.calls);
+      std::memcpy(&d.session, text.data() + 1 + sizeof d.calls, sizeof d.session);
       if (d.for_good) {
         // Its process may end now: that is no longer news.
         for (auto it = watched_.begin(); it != watched_.end(); ++it) {
@@ -350,20 +360,27 @@ std::string MpiCommunicator::notice_head(char kind) const {
   return head;
 }
 
+void MpiCommunicator::throw_finalizing(const CollectiveCall& call) {
+  throw FailedPreconditionError(label(call) + ": rank " + std::to_string(rank_) +
+                                " is finalising MPI (its process is ending); this communicator cannot be used any "
+                                "more");
+}
+
 void MpiCommunicator::begin_call(const CollectiveCall& call) {
+  if (finalizing_.load(std::memory_order_acquire)) throw_finalizing(call);
   if (left_) {
     throw FailedPreconditionError(label(call) + ": this communicator cannot be used any more: rank " +
                                   std::to_string(rank_) + " has left its group (MPI was finalised)");
   }
   throw_if_failed();
   ++calls_;
-  if (call.starts_session) session_start_ = calls_;
+  if (call.starts_session) session_start_.store(calls_, std::memory_order_relaxed);
   if (!departures_.empty()) check_departures(call);
 }
 
 void MpiCommunicator::check_departures(const CollectiveCall& call) {
   for (auto it = departures_.begin(); it != departures_.end();) {
-    if (!it->for_good && session_start_ > it->calls) {  // it ended a session before this rank's current one
+    if (!it->for_good && it->session != session_start_.load(std::memory_order_relaxed)) {  // not this rank's session
       it = departures_.erase(it);
       continue;
     }
@@ -383,12 +400,14 @@ void MpiCommunicator::check_departures(const CollectiveCall& call) {
   }
 }
 
-void MpiCommunicator::send_departure(char kind, std::string_view why) noexcept {
+void MpiCommunicator::send_departure(char kind, std::string_view why, std::uint64_t session) noexcept {
   if (notices_ == MPI_COMM_NULL || size_ < 2) return;
   try {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_departure_ = std::string(1, kind) + std::string(why);
+      pending_departure_ = std::string(1, kind);
+      pending_departure_.append(reinterpret_cast<const char*>(&session), sizeof session);
+      pending_departure_ += why;
     }
     departure_pending_.store(true, std::memory_order_release);
     // The token: MPI is called by one thread at a time. A replica thread may
@@ -413,7 +432,7 @@ void MpiCommunicator::flush_departure() noexcept {
     const char kind = said[0];
     auto text = std::make_unique<std::string>(notice_head(kind));
     text->append(reinterpret_cast<const char*>(&calls_), sizeof calls_);
-    text->append(said, 1);
+    text->append(said, 1);  // the session, then why
     std::vector<MPI_Request> requests;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
@@ -442,14 +461,17 @@ void MpiCommunicator::flush_departure() noexcept {
   }
 }
 
-void MpiCommunicator::end_session(std::string_view why) noexcept {
+void MpiCommunicator::end_session(std::uint64_t session, std::string_view why) noexcept {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) send_departure(kSessionEndNotice, why);
+  if (!finalized) send_departure(kSessionEndNotice, why, session);
 }
 
 void MpiCommunicator::leave_all(const char* why) noexcept {
   const std::lock_guard<std::mutex> lock(registry().mu);
+  // A thread in a call sends the notice from its polling loop (or when it
+  // lets go of the token), then raises an error instead of calling MPI again.
+  for (MpiCommunicator* c : registry().live) c->finalizing_.store(true, std::memory_order_release);
   for (MpiCommunicator* c : registry().live) c->send_departure(kLeftNotice, why);
 }
 
@@ -598,6 +620,7 @@ void MpiCommunicator::poll(const CollectiveCall& call, Done&& done) {
     if (done()) return;
     if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) {
       if (departure_pending_.load(std::memory_order_acquire)) flush_departure();  // for a thread without the token
+      if (finalizing_.load(std::memory_order_acquire)) throw_finalizing(call);
       receive_notices();
       if (!departures_.empty()) check_departures(call);
     }

@@ -143,7 +143,8 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
-  void end_session(std::string_view why) noexcept override;
+  std::uint64_t session() const noexcept override { return session_start_.load(std::memory_order_relaxed); }
+  void end_session(std::uint64_t session, std::string_view why) noexcept override;
   // Every live communicator of this process leaves for good, saying `why`,
   // and refuses later calls (MPI_Finalize calls it before it finalises).
   static void leave_all(const char* why) noexcept;
@@ -355,18 +356,20 @@ class MpiCommunicator final : public Communicator {
   // MPI finalised) or at the end of a session (end_session).
   struct Departure {
     int rank = 0;
-    std::uint64_t calls = 0;  // the calls it had made
+    std::uint64_t calls = 0;    // the calls it had made
+    std::uint64_t session = 0;  // the session it ended (a session's end only)
     bool for_good = true;
     std::string why;
   };
   // Fails the group (FailedPreconditionError) if a departed rank did not
-  // make the call in progress (calls_), unless it ended a session before the
-  // one this rank is in (session_start_); drops such departures.
+  // make the call in progress (calls_), unless it ended a session other than
+  // the one this rank is in (session_start_); drops such departures.
   void check_departures(const CollectiveCall& call);
-  // Sends a departure notice ('L': for good, 'S': a session's end) to every
-  // other rank: waits up to a second for the token, and leaves the notice to
-  // its holder if it cannot have it (flush_departure, from poll).
-  void send_departure(char kind, std::string_view why) noexcept;
+  // Sends a departure notice ('L': for good, 'S': the end of `session`) to
+  // every other rank: waits up to a second for the token, and leaves the
+  // notice to its holder if it cannot have it (flush_departure, from poll
+  // and ~Token).
+  void send_departure(char kind, std::string_view why, std::uint64_t session = 0) noexcept;
   // Sends the pending departure notice, if any (token held); waits up to a
   // second for the sends.
   void flush_departure() noexcept;
@@ -412,11 +415,16 @@ class MpiCommunicator final : public Communicator {
   std::size_t max_message_bytes_ = kMaxMessageBytes;
   std::uint64_t nonce_ = 0;            // the same on every rank, made anew for each communicator
   std::uint64_t calls_ = 0;            // calls begun, the same count on every rank (token held)
-  std::uint64_t session_start_ = 0;    // the number of the last call that started a session (token held)
+  // The number of the last call that started a session (written with the
+  // token held; read by session()).
+  std::atomic<std::uint64_t> session_start_{0};
   std::vector<Departure> departures_;  // (token held)
   std::vector<std::pair<int, int>> watched_;  // (rank, pidfd) of the peers on this host
   bool left_ = false;                  // this rank has left for good (token held)
   std::atomic<bool> departure_pending_{false};
+  // MPI is being finalised (leave_all): a call in progress stops calling MPI.
+  std::atomic<bool> finalizing_{false};
+  [[noreturn]] void throw_finalizing(const CollectiveCall& call);
   std::string pending_departure_;      // kind, then why (mu_)
   std::mutex mu_;
   std::atomic<bool> failed_{false};
