@@ -10,6 +10,8 @@
 //   return     returns from main (its strategy and link destroyed, MPI finalised)
 //   exit       calls std::exit(0) with its strategy alive
 //   exit_in_replica  calls std::exit(0) from a replica function, mid-run
+//   exit_in_call  calls std::exit(0) while another of its threads waits in
+//              a collective (the notice counts the calls before it)
 //   finalize   calls MPI_Finalize() itself, then returns
 //   destroy    destroys its strategy, keeps the link, and sleeps 3 s
 //   second     makes a second strategy on the same link, the first alive
@@ -99,6 +101,19 @@ int main(int argc, char** argv) {
   if (rank == leaver) {
     if (mode == "return") return 0;  // (fewer steps than the others: different epoch counts, say)
     if (mode == "exit") std::exit(0);
+    if (mode == "exit_in_call") {
+      // Its leader waits in MPI for the others (late by 300 ms) when the
+      // process ends: that call is given up, not made.
+      std::thread in_call([&] {
+        try {
+          step(*strategy);
+        } catch (const std::exception&) {
+        }
+      });
+      in_call.detach();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::exit(0);
+    }
     if (mode == "finalize") {
       MPI_Finalize();
       return 0;
@@ -132,7 +147,9 @@ int main(int argc, char** argv) {
   }
 
   // The others go on; the step the leaver never joins must fail, naming it.
-  if (mode == "second" || mode == "replace") std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (mode == "second" || mode == "replace" || mode == "exit_in_call") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
   Clock::time_point start = Clock::now();
   try {
     for (int i = 0; i < 3; ++i) {

@@ -280,6 +280,9 @@ MpiCommunicator::Token::Token(MpiCommunicator& c) : c_(c) {
 MpiCommunicator::Token::~Token() {
   // A departure that another thread left to the token's holder (a thread
   // ending the process while this one was in a call).
+  // A call left by an exception may not have completed on every rank: a
+  // departure sent later counts the calls before it.
+  c_.last_call_abandoned_ = std::uncaught_exceptions() > unwinding_;
   if (c_.departure_pending_.load(std::memory_order_acquire)) c_.flush_departure();
   c_.token_holder_.store(std::thread::id());
   c_.token_.unlock();
@@ -293,7 +296,7 @@ void MpiCommunicator::flush_notice() noexcept {
   while (notice_pending_.load(std::memory_order_acquire)) {
     if (token_holder_.load() == std::this_thread::get_id()) return;  // sent when this thread lets go
     if (!token_.try_lock()) return;                                    // the holder sends it
-    if (notice_pending_.exchange(false)) {
+    if (notice_pending_.exchange(false) && !finalizing_.load(std::memory_order_acquire)) {
       int finalized = 0;
       MPI_Finalized(&finalized);
       for (int q = 0; q < size_ && !finalized; ++q) {
@@ -420,7 +423,7 @@ void MpiCommunicator::send_departure(char kind, std::string_view why, std::uint6
   }
 }
 
-void MpiCommunicator::flush_departure() noexcept {
+void MpiCommunicator::flush_departure(bool abandoned) noexcept {
   if (!departure_pending_.exchange(false, std::memory_order_acq_rel)) return;
   try {
     std::string said;
@@ -431,7 +434,9 @@ void MpiCommunicator::flush_departure() noexcept {
     if (said.empty() || left_ || failed_.load()) return;  // gone already, or the others were told of the failure
     const char kind = said[0];
     auto text = std::make_unique<std::string>(notice_head(kind));
-    text->append(reinterpret_cast<const char*>(&calls_), sizeof calls_);
+    // A call given up is no call made: peers must not wait in it for this rank.
+    const std::uint64_t made = (abandoned || last_call_abandoned_) && calls_ > 0 ? calls_ - 1 : calls_;
+    text->append(reinterpret_cast<const char*>(&made), sizeof made);
     text->append(said, 1);  // the session, then why
     std::vector<MPI_Request> requests;
     for (int q = 0; q < size_; ++q) {
@@ -538,6 +543,9 @@ void MpiCommunicator::abort(ErrorCode code, const std::string& message, int) noe
       notice_ = std::make_unique<std::string>(notice_head(kFailureNotice) + static_cast<char>(code) + message);
       failed_.store(true, std::memory_order_release);
     }
+    // While MPI is finalised (the process is ending) nothing more is sent:
+    // the departure said it, and another thread is inside MPI_Finalize.
+    if (finalizing_.load(std::memory_order_acquire)) return;
     notice_pending_.store(true, std::memory_order_release);
     flush_notice();
   } catch (...) {
@@ -619,8 +627,11 @@ void MpiCommunicator::poll(const CollectiveCall& call, Done&& done) {
     // by the next call, not this one.
     if (done()) return;
     if (polls % kPollsPerNoticeProbe == kPollsPerNoticeProbe - 1) {
+      if (finalizing_.load(std::memory_order_acquire)) {
+        flush_departure(/*abandoned=*/true);  // this call is given up: it counts the calls before it
+        throw_finalizing(call);
+      }
       if (departure_pending_.load(std::memory_order_acquire)) flush_departure();  // for a thread without the token
-      if (finalizing_.load(std::memory_order_acquire)) throw_finalizing(call);
       receive_notices();
       if (!departures_.empty()) check_departures(call);
     }

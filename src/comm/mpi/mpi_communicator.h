@@ -87,6 +87,7 @@
 #include <memory>
 #include <mutex>
 #include <chrono>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -340,6 +341,7 @@ class MpiCommunicator final : public Communicator {
 
    private:
     MpiCommunicator& c_;
+    int unwinding_ = std::uncaught_exceptions();  // more at the end: the call was abandoned
   };
   // Sends this rank's failure notice to every other rank, once, if one is
   // pending and the token can be had (its holder sends it otherwise).
@@ -372,7 +374,10 @@ class MpiCommunicator final : public Communicator {
   void send_departure(char kind, std::string_view why, std::uint64_t session = 0) noexcept;
   // Sends the pending departure notice, if any (token held); waits up to a
   // second for the sends.
-  void flush_departure() noexcept;
+  // `abandoned`: the call in progress will not complete (its holder gives it
+  // up), so the notice counts the calls before it; so does one sent after a
+  // call that ended in an exception (last_call_abandoned_).
+  void flush_departure(bool abandoned = false) noexcept;
   // Opens a pidfd on the process of every other rank on this host (same
   // MPI shared-memory node and pid namespace); collective over comm_.
   void watch_local_peers();
@@ -421,6 +426,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<Departure> departures_;  // (token held)
   std::vector<std::pair<int, int>> watched_;  // (rank, pidfd) of the peers on this host
   bool left_ = false;                  // this rank has left for good (token held)
+  bool last_call_abandoned_ = false;   // the last call ended in an exception (token held)
   std::atomic<bool> departure_pending_{false};
   // MPI is being finalised (leave_all): a call in progress stops calling MPI.
   std::atomic<bool> finalizing_{false};
