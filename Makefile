@@ -2,6 +2,7 @@
 #   make demo   installs what is missing, builds, trains on Fashion-MNIST (distribute-train)
 #   make test   installs what is missing, builds, runs every test
 # Sanitizer runs (CI runs both): make test-asan, make test-tsan.
+# The layers' include rules alone (make test checks them first): make check-layers.
 # Fuzzing (CI runs a minute): make fuzz [FUZZ_SECONDS=3600] [FUZZ_SEED=0].
 
 JOBS ?= $(shell nproc)
@@ -12,7 +13,7 @@ FUZZ_SECONDS ?= 60
 # luck's; FUZZ_SEED=0 lets libFuzzer pick one (long runs).
 FUZZ_SEED ?= 1
 
-.PHONY: all setup build demo test test-asan test-tsan fuzz ci clean
+.PHONY: all setup build demo test check-layers test-asan test-tsan fuzz ci clean
 
 all: build
 
@@ -26,8 +27,12 @@ build: setup
 demo: build
 	./build/release/tools/distribute-train
 
-test: build
+test: check-layers build
 	ctest --preset release $(CTEST_FLAGS)
+
+# Includes run down the layers, and backends are reached through comm/backend.h.
+check-layers:
+	@bash scripts/check_layers.sh
 
 test-asan: setup
 	cmake --preset asan

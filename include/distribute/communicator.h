@@ -49,6 +49,11 @@ struct CollectiveCall {
   // strategy built on it): a member that ended its last session
   // (end_session) just before this call is where it should be.
   bool starts_session = false;
+  // The caller's words for a member that returned from its work without
+  // making this call (its count of such calls differs from the others'):
+  // the first sentence of the error every waiting rank raises. Empty: the
+  // backend's own words ("... can never complete").
+  std::string_view count_mismatch = {};
 };
 
 namespace internal {

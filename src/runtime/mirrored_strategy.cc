@@ -8,7 +8,7 @@
 #include <functional>
 #include <thread>
 
-#include "comm/hierarchical/hierarchical_communicator.h"
+#include "core/payload_list.h"
 #include "core/recent_answers.h"
 #include "runtime/runtime_util.h"
 

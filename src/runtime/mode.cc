@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "comm/threads/shared_memory_communicator.h"
+#include "comm/backend.h"
 #include "distribute/context.h"
 #include "distribute/mirrored_strategy.h"
 #include "runtime/replica_channel.h"
@@ -46,15 +46,14 @@ void watch_for_exit() {
 bool exiting() noexcept { return mode_stack_gone || exit_begun.load(std::memory_order_relaxed); }
 
 namespace {
-// A one-member group and communicator behind each thread's default replica context.
+// A one-member group behind each thread's default replica context.
 struct DefaultReplica {
-  std::shared_ptr<LocalGroup> group = std::make_shared<LocalGroup>(1);
-  SharedMemoryCommunicator comm{group, 0, SharedMemoryCommunicator::kNeverStream};  // one member copies nothing
+  ReplicaGroup group = make_replica_group({.replicas = 1});  // one member copies nothing: it never streams
   ReplicaChannel channel;
   ReplicaContext context;
   DefaultReplica() : context(default_strategy(), 0, 0, &channel) {
-    channel.comm = &comm;
-    channel.local = group.get();
+    channel.comm = group.members[0].get();
+    channel.local = group.rendezvous.get();
   }
 };
 }  // namespace
@@ -86,7 +85,7 @@ bool share_with_paused_replicas(const Strategy& s, const std::shared_ptr<const M
   const auto& stack = mode_stack();
   if (stack.empty() || stack.back().cross_replica != &s || stack.back().merge_helpers == nullptr) return false;
   shared_tasks.fetch_add(1, std::memory_order_relaxed);
-  LocalGroup& group = *stack.back().merge_helpers;
+  ReplicaRendezvous& group = *stack.back().merge_helpers;
   const CollectiveCall& rounds = *stack.back().merge_rounds;
   // The paused replicas see the task in the first round (ReplicaContext::
   // merge_call_impl), run their share, and arrive at the second.

@@ -12,7 +12,7 @@
 
 namespace distribute::internal {
 
-class LocalGroup;
+class ReplicaRendezvous;
 
 struct ModeEntry {
   Strategy* strategy = nullptr;       // get_strategy()
@@ -22,7 +22,7 @@ struct ModeEntry {
   int merge_depth = -1;               // inside a merge_fn of a run at this nesting depth
   // Inside a merge_fn of a group of several local replicas: the group, whose
   // other members wait paused in merge_call, and the rounds' call.
-  LocalGroup* merge_helpers = nullptr;
+  ReplicaRendezvous* merge_helpers = nullptr;
   const CollectiveCall* merge_rounds = nullptr;
 };
 

@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "comm/threads/local_group.h"
+#include "comm/backend.h"
 #include "distribute/communicator.h"
 #include "distribute/replica_context.h"
 #include "runtime/gather_layout.h"
@@ -24,7 +24,7 @@ namespace distribute::internal {
 // between the replicas' cores on every call).
 struct alignas(64) ReplicaChannel {
   Communicator* comm = nullptr;
-  LocalGroup* local = nullptr;
+  ReplicaRendezvous* local = nullptr;  // this process's replicas of the run (merge_call)
   int depth = 0;               // 0 for a top-level run, +1 per nested call_for_each_replica
   std::uint64_t sequence = 0;  // collectives issued by this replica in this run
   std::uint64_t data_calls = 0;  // communicator data calls (one per pack / gathered value), for tests and stats
@@ -55,8 +55,8 @@ struct alignas(64) ReplicaChannel {
 // Everything a run at one nesting depth needs, kept by the strategy between runs.
 struct RunResources {
   std::mutex mutex;  // held for the whole run
-  std::shared_ptr<LocalGroup> local;
-  std::vector<std::unique_ptr<Communicator>> comms;
+  std::shared_ptr<ReplicaRendezvous> local;
+  std::vector<std::unique_ptr<Communicator>> comms;  // [local replica]
   std::vector<ReplicaChannel> channels;
   // The replicas' contexts, made at the first run and kept: a pointer to one
   // kept past its run (get_replica_context()) stays valid as long as the

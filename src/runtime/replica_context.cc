@@ -796,7 +796,8 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes
   internal::require_replica_context(*this, "merge_call");
   ReplicaChannel& ch = *channel_;
   const CommunicationOptions& opts = strategy_->communication_options();
-  const CollectiveCall call = internal::next_call(ch, "merge_call", opts);
+  CollectiveCall call = internal::next_call(ch, "merge_call", opts);
+  call.count_mismatch = "Some replicas made a different number of replica_context().merge_call() calls";
   Signature sig;
   sig.op = "merge_call";
   sig.sequence = call.sequence;

@@ -13,9 +13,9 @@
 #include <thread>
 #include <typeinfo>
 
-#include "comm/hierarchical/hierarchical_communicator.h"
-#include "comm/threads/shared_memory_communicator.h"
+#include "comm/backend.h"
 #include "core/axis_reduce.h"
+#include "core/payload_list.h"
 #include "core/reduce_kernels.h"
 #include "core/seconds.h"
 #include "core/storage.h"
@@ -58,7 +58,7 @@ struct StrategyState {
   std::vector<std::unique_ptr<RunResources>> by_depth;
   double stall_warning_seconds = 0;
   // Where the in-process all_reduce streams (read once, when the strategy is made).
-  std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::kNeverStream;
+  std::size_t all_reduce_stream_bytes = kNeverStream;
   // workers_owner, and the state of the cross-replica collectives this
   // worker issues through it.
   Communicator* workers = nullptr;
@@ -73,19 +73,17 @@ struct StrategyState {
     std::lock_guard<std::mutex> lock(resources_mutex);
     while (static_cast<int>(by_depth.size()) <= depth) {
       auto res = std::make_unique<RunResources>();
-      // A worker's replicas share the host's cores with the other workers on
-      // it, and their leader with MPI's progress: waiters yield.
-      res->local = std::make_shared<LocalGroup>(replicas, /*shares_cores=*/workers != nullptr);
+      ReplicaGroup group = make_replica_group({.kind = workers != nullptr ? BackendKind::kAcrossWorkers
+                                                                          : BackendKind::kInProcess,
+                                               .replicas = replicas,
+                                               .workers = workers,
+                                               .all_reduce_stream_bytes = all_reduce_stream_bytes});
+      res->local = std::move(group.rendezvous);
+      res->comms = std::move(group.members);
       res->channels.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r) {
-        if (workers != nullptr) {
-          res->comms.push_back(
-              std::make_unique<HierarchicalCommunicator>(res->local, r, workers, all_reduce_stream_bytes));
-        } else {
-          res->comms.push_back(std::make_unique<SharedMemoryCommunicator>(res->local, r, all_reduce_stream_bytes));
-        }
         ReplicaChannel& ch = res->channels[static_cast<std::size_t>(r)];
-        ch.comm = res->comms.back().get();
+        ch.comm = res->comms[static_cast<std::size_t>(r)].get();
         ch.local = res->local.get();
         ch.merge_failure_agreed = &res->merge_failure_agreed;
         ch.merge_args_taken = &res->merge_args_taken;
@@ -127,8 +125,8 @@ double env_seconds(const char* name) {
 }
 
 std::size_t checked_engine_settings() {
-  const std::size_t stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes();
-  // Read elsewhere (each LocalGroup, the process's storage cache), checked
+  const std::size_t stream_bytes = default_all_reduce_stream_bytes();
+  // Read elsewhere (the in-process backend, the process's storage cache), checked
   // here so that a bad setting fails the strategy's creation.
   env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds", std::numeric_limits<int>::max());
   env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
@@ -315,7 +313,7 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
   internal::mode_stack();
   options_.validate();
   const std::size_t stream_bytes =
-      checks_settings ? internal::checked_engine_settings() : internal::SharedMemoryCommunicator::kNeverStream;
+      checks_settings ? internal::checked_engine_settings() : internal::kNeverStream;
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);
@@ -952,7 +950,7 @@ struct CopyJob final : internal::MergeTask {
     while (at < end) {
       const std::size_t k = at / bytes, offset = at % bytes;
       const std::size_t n = std::min(end - at, bytes - offset);
-      internal::SharedMemoryCommunicator::copy_broadcast_part(
+      internal::copy_broadcast_part(
           static_cast<std::byte*>(destinations[k].mutable_raw_data()) + offset, from + offset, n, bytes);
       at += n;
     }

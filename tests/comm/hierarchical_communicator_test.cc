@@ -12,6 +12,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/payload_list.h"
 #include "core/storage.h"
 #include "testing/threads.h"
 

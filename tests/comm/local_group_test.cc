@@ -467,15 +467,30 @@ TEST(LocalGroupTest, MemberThatIsDoneFailsTheRoundAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
 }
 
-TEST(LocalGroupTest, MergeCallCountMismatchUsesTensorFlowsWording) {
+// The caller's words for a count mismatch come in the call (merge_call's
+// are TensorFlow's); the group knows no op by name.
+TEST(LocalGroupTest, CountMismatchWordsComeFromTheCall) {
   LocalGroup group(2);
   group.mark_done(0);
+  CollectiveCall worded = call("merge_call", 2, 0);
+  worded.count_mismatch = "Some replicas made a different number of replica_context().merge_call() calls";
   try {
-    group.arrive(1, {}, call("merge_call", 2, 0));
+    group.arrive(1, {}, worded);
     FAIL() << "expected FailedPreconditionError";
   } catch (const FailedPreconditionError& e) {
-    EXPECT_NE(std::string(e.what()).find("Some replicas made a different number of replica_context().merge_call() calls"),
+    EXPECT_NE(std::string(e.what()).find("Some replicas made a different number of replica_context().merge_call() "
+                                         "calls: replica(s) 0 returned from the replica function while replica(s) 1 "
+                                         "wait in merge_call #2."),
               std::string::npos)
+        << e.what();
+  }
+  LocalGroup plain(2);
+  plain.mark_done(0);
+  try {
+    plain.arrive(1, {}, call("merge_call", 2, 0));
+    FAIL() << "expected FailedPreconditionError";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("merge_call #2 can never complete: replica(s) 0 returned"), std::string::npos)
         << e.what();
   }
 }

@@ -23,10 +23,10 @@ WorkerEnv mpi_env() {
   return env;
 }
 
-#define DIST_CASE(name) \
+#define DISTRIBUTE_TEST_CASE(name) \
   TEST(MultiWorkerMpiTest, name) { name(mpi_env()); }
-DIST_MULTI_WORKER_CASES(DIST_CASE)
-#undef DIST_CASE
+DISTRIBUTE_MULTI_WORKER_CASES(DISTRIBUTE_TEST_CASE)
+#undef DISTRIBUTE_TEST_CASE
 
 TEST(MultiWorkerMpiTest, TheLauncherIsSeen) {
   EXPECT_TRUE(mpi::started_by_launcher());

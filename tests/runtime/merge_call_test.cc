@@ -447,7 +447,7 @@ TEST(MergeCallTest, AnAbortWhileArgumentsAreCopiedUnwindsNoArgumentBeingCopied) 
     auto s = testing::mirrored(n);
     ArgumentProbe::fired = false;
     ArgumentProbe::copies_of_destroyed = 0;
-    std::atomic<internal::LocalGroup*> group{nullptr};
+    std::atomic<internal::ReplicaRendezvous*> group{nullptr};
     ArgumentProbe::on_first_copy = [&group] {
       group.load()->abort(ErrorCode::kAborted, "test: aborted while merge_call copies arguments", 0);
     };

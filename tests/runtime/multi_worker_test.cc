@@ -39,10 +39,10 @@ void run_cluster(const Layout& layout, void (*body)(const WorkerEnv&)) {
 
 class MultiWorkerTest : public ::testing::TestWithParam<Layout> {};
 
-#define DIST_CASE(name) \
+#define DISTRIBUTE_TEST_CASE(name) \
   TEST_P(MultiWorkerTest, name) { run_cluster(GetParam(), &name); }
-DIST_MULTI_WORKER_CASES(DIST_CASE)
-#undef DIST_CASE
+DISTRIBUTE_MULTI_WORKER_CASES(DISTRIBUTE_TEST_CASE)
+#undef DISTRIBUTE_TEST_CASE
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MultiWorkerTest,
                          ::testing::Values(Layout{1, 2}, Layout{2, 1}, Layout{2, 2}, Layout{3, 1}, Layout{3, 2}),

@@ -39,7 +39,7 @@
 #include "flags.h"
 #include "testing/hang_watchdog.h"
 #include "testing/reference_model.h"
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
 #include "distribute/mpi.h"
 #endif
 
@@ -477,7 +477,7 @@ int soak(const Args& a) {
     for (int i = 0; i < a.replicas; ++i) devices.push_back("CPU:" + std::to_string(i));
     strategy = std::make_unique<MirroredStrategy>(devices, options);
   } else {
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
     auto cluster = mpi::cluster_from_launcher();
     workers = cluster ? cluster->size() : 1;
     strategy = std::make_unique<MultiWorkerMirroredStrategy>(a.replicas, cluster, options);

@@ -1111,7 +1111,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
 }
 
 // Every case, for the harnesses' TEST macros.
-#define DIST_MULTI_WORKER_CASES(X)              \
+#define DISTRIBUTE_MULTI_WORKER_CASES(X)              \
   X(IdsDevicesAndSeedExample)                   \
   X(AllReduceEveryOpAndDtype)                   \
   X(AllReduceLargeNestedAndPacked)              \

@@ -41,13 +41,12 @@
 #include <vector>
 
 #include "agree.h"
-#include "comm/threads/shared_memory_communicator.h"
+#include "comm/backend.h"
 #include "distribute/distribute.h"
 #include "flags.h"
 #include "output.h"
-#include "runtime/replica_channel.h"
 
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
 #include <distribute/mpi.h>
 #endif
 
@@ -58,7 +57,7 @@ namespace {
 
 struct Options {
   // Where the raw engine's all_reduce streams: the setting, read once by main.
-  std::size_t stream_bytes = internal::SharedMemoryCommunicator::kNeverStream;
+  std::size_t stream_bytes = internal::kNeverStream;
   std::string op = "all_reduce";
   int replicas = 2;
   DType dtype = DType::kFloat32;
@@ -356,20 +355,26 @@ struct FaultMeter {
   void end(int ops) { per_op = static_cast<double>(minor_faults() - start) / ops; }
 };
 
-// One member of the raw engine: a SharedMemoryCommunicator on its own
-// buffers, the output reused from call to call (--shared-output: the
-// engine's shared output, let go before each call as the API's).
+// The raw engine's group of `replicas` threads of this process (the
+// in-process backend, from the seam the strategies use).
+internal::ReplicaGroup raw_group(const Options& o) {
+  return internal::make_replica_group({.replicas = o.replicas, .all_reduce_stream_bytes = o.stream_bytes});
+}
+
+// One member of the raw engine: a member of raw_group on its own buffers,
+// the output reused from call to call (--shared-output: the engine's shared
+// output, let go before each call as the API's).
 struct RawOp {
   const Options& o;
-  internal::SharedMemoryCommunicator comm;
+  Communicator& comm;
   std::size_t count;
   Tensor in, out;
   std::shared_ptr<std::byte> shared_out;
   std::vector<std::size_t> counts;
   CollectiveCall call{.op = "", .sequence = 0, .timeout_seconds = 600};
 
-  RawOp(const Options& opts, std::shared_ptr<internal::LocalGroup> group, int r, std::size_t n_elements)
-      : o(opts), comm(std::move(group), r, opts.stream_bytes), count(n_elements) {
+  RawOp(const Options& opts, internal::ReplicaGroup& group, int r, std::size_t n_elements)
+      : o(opts), comm(*group.members[static_cast<std::size_t>(r)]), count(n_elements) {
     const std::size_t n = static_cast<std::size_t>(comm.size());
     const std::size_t per = count / n;
     in = make_input(o.dtype, r, o.op == "all_gather" ? per : count);
@@ -419,7 +424,7 @@ struct RawOp {
 std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Tensor>& results, FaultMeter& faults,
                             std::vector<double>& memcpy_times) {
   const int n = o.replicas;
-  auto group = std::make_shared<internal::LocalGroup>(n);
+  internal::ReplicaGroup group = raw_group(o);
   std::vector<double> times;
   times.reserve(static_cast<std::size_t>(o.iters));
   std::vector<std::thread> threads;
@@ -465,7 +470,7 @@ std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std
   const bool both = o.api == "both";
   std::vector<double> times;
   times.reserve(static_cast<std::size_t>(o.iters));
-  auto group = std::make_shared<internal::LocalGroup>(n);
+  internal::ReplicaGroup group = raw_group(o);
   std::vector<Tensor> raw_results(static_cast<std::size_t>(n));
   auto per_replica = strategy.run([&](ReplicaContext& ctx) {
     const int r = ctx.replica_id_in_sync_group();
@@ -555,7 +560,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
 // ---- under an MPI launcher: MultiWorkerMirroredStrategy beside MPI itself ------------
 
 MPI_Datatype mpi_type(DType dtype) {
@@ -587,6 +592,16 @@ int run_multi_worker(const Options& o) {
   if (o.in_place) usage("--in-place is for one process: under mpirun the engine's broadcast is in place, as MPI_Bcast");
   std::shared_ptr<Communicator> link = mpi::cluster_from_launcher();
   MultiWorkerMirroredStrategy strategy(o.replicas, link);
+  // --api raw: the backend the strategy runs on, made by the same seam on
+  // the same link, called from the strategy's replica threads.
+  internal::ReplicaGroup engine;
+  if (o.api == "raw") {
+    engine = internal::make_replica_group(
+        {.kind = link != nullptr ? internal::BackendKind::kAcrossWorkers : internal::BackendKind::kInProcess,
+         .replicas = o.replicas,
+         .workers = link.get(),
+         .all_reduce_stream_bytes = o.stream_bytes});
+  }
   // Workers that sweep other sizes or ops would meet in different calls.
   tools::agree_on_flags(strategy,
                         {{"--op", o.op},
@@ -625,6 +640,8 @@ int run_multi_worker(const Options& o) {
     strategy.run([&](ReplicaContext& ctx) {
       const int g = ctx.replica_id_in_sync_group();
       const bool timer = ctx.local_replica_id() == 0;  // the worker's leader also runs MPI's collective
+      Communicator* engine_comm =
+          engine.members.empty() ? nullptr : engine.members[static_cast<std::size_t>(ctx.local_replica_id())].get();
       Tensor in = make_input(o.dtype, g, per_replica);
       Tensor out = Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(count)});
       // MPI's reference moves this worker's share: its replicas' inputs, reduced or concatenated.
@@ -654,11 +671,11 @@ int run_multi_worker(const Options& o) {
         } else {
           ++call.sequence;
           if (o.op == "all_reduce") {
-            ctx.channel().comm->all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
+            engine_comm->all_reduce(in.raw_data(), out.mutable_raw_data(), count, o.dtype, o.redop, call);
           } else if (o.op == "broadcast") {
-            ctx.channel().comm->broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
+            engine_comm->broadcast(out.mutable_raw_data(), count, o.dtype, 0, call);
           } else {
-            ctx.channel().comm->all_gather_v(in.raw_data(), out.mutable_raw_data(), gather_counts, 1, o.dtype, call);
+            engine_comm->all_gather_v(in.raw_data(), out.mutable_raw_data(), gather_counts, 1, o.dtype, call);
           }
         }
         auto t1 = Clock::now();
@@ -700,7 +717,7 @@ int run_multi_worker(const Options& o) {
 #endif
 
 int run_benchmark(const Options& o) {
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
   if (mpi::started_by_launcher()) return run_multi_worker(o);
 #endif
   if (o.batch > 0) return run_batch(o);
@@ -818,7 +835,7 @@ int main(int argc, char** argv) {
   try {
     // Read here, where a bad setting can be reported (the raw engine's
     // members are made on their own threads).
-    o.stream_bytes = internal::SharedMemoryCommunicator::default_all_reduce_stream_bytes();
+    o.stream_bytes = internal::default_all_reduce_stream_bytes();
     return run_benchmark(o);
   } catch (const Error& e) {
     std::fprintf(stderr, "distribute-bench: %s\n", e.what());

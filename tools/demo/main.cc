@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
 #include <distribute/mpi.h>
 #endif
 
@@ -138,7 +138,7 @@ void run_examples(Strategy& strategy) {
 
 int main() {
   try {
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
     if (mpi::started_by_launcher()) {
       // strategy = tf.distribute.MultiWorkerMirroredStrategy(), 2 replicas per worker
       std::shared_ptr<Communicator> workers = mpi::cluster_from_launcher();

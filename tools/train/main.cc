@@ -26,7 +26,7 @@
 #include "output.h"
 #include "trainer.h"
 
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
 #include <distribute/mpi.h>
 #endif
 
@@ -284,7 +284,7 @@ int run(const Args& a) {
         for (int i = 0; i < local; ++i) devices.push_back("CPU:" + std::to_string(i));
         owned = std::make_unique<MirroredStrategy>(devices);
       } else {
-#ifdef DIST_HAVE_MPI
+#ifdef DISTRIBUTE_HAVE_MPI
         workers = mpi::cluster_from_launcher();  // nullptr without a launcher: one worker
         local = a.replicas > 0 ? a.replicas : std::max(1, cores / (workers ? workers->size() : 1));
         owned = std::make_unique<MultiWorkerMirroredStrategy>(local, workers);

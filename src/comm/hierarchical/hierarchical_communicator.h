@@ -111,8 +111,4 @@ class HierarchicalCommunicator final : public Communicator {
   SharedMemoryCommunicator local_comm_;
 };
 
-// One string holding several (for the leader's cross-worker exchange).
-std::string encode_payload_list(const std::vector<std::string>& payloads);
-std::vector<std::string> decode_payload_list(std::string_view bytes);
-
 }  // namespace distribute::internal

@@ -424,8 +424,8 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
     if (!gone.empty() && (!release || others_here)) {
       const std::string label = op_label(call.op, call.sequence);
       std::string msg;
-      if (call.op == "merge_call") {
-        msg = "Some replicas made a different number of replica_context().merge_call() calls: replica(s) " + gone +
+      if (!call.count_mismatch.empty()) {
+        msg = std::string(call.count_mismatch) + ": replica(s) " + gone +
               " returned from the replica function while replica(s) " + list_members(round, true) + " wait in " +
               label + ".";
       } else if (release) {

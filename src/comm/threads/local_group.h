@@ -34,22 +34,19 @@
 #include <string>
 #include <vector>
 
+#include "comm/backend.h"
 #include "distribute/communicator.h"
 #include "distribute/errors.h"
 
 namespace distribute::internal {
 
-class LocalGroup {
+// The in-process implementation of the runtime's ReplicaRendezvous (final:
+// the backends' own calls through a LocalGroup are direct).
+class LocalGroup final : public ReplicaRendezvous {
  public:
   // Steps through an arrival by parts, to pin a race (tests only).
   friend class LocalGroupRaceTest;
-  struct Entry {
-    const void* send = nullptr;
-    void* recv = nullptr;
-    std::string payload;
-    std::shared_ptr<void> object;
-    std::uint64_t tag = 0;  // the CollectiveCall's signature_tag on a collective's first round
-  };
+  using Entry = RendezvousEntry;
 
   // Bytes of each member's inline area (per round parity).
   static constexpr std::size_t kInlineBytes = 4 * 1024;
@@ -62,11 +59,11 @@ class LocalGroup {
   // worker of a multi-worker job), so waiters always yield their core rather
   // than spin.
   explicit LocalGroup(int size, bool shares_cores = false);
-  ~LocalGroup();
+  ~LocalGroup() override;
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
 
-  int size() const { return size_; }
+  int size() const override { return size_; }
 
   // Publishes `entry` for this round and waits for every member. Returns all
   // members' entries, in member order. If any entry carries a tag and the tags
@@ -75,7 +72,7 @@ class LocalGroup {
   // that is done) withdraws its arrival first, so that the round can no
   // longer complete behind its back; if every member had already arrived,
   // the round completed and it goes on as the others do.
-  const std::vector<Entry>& arrive(int member, Entry entry, const CollectiveCall& call);
+  const std::vector<Entry>& arrive(int member, Entry entry, const CollectiveCall& call) override;
 
   // Makes what a round hands to every member (see arrive_making). Must not
   // throw: a failure is returned as null.
@@ -118,7 +115,7 @@ class LocalGroup {
   // all are here). A member that left early could free a buffer that another
   // still writes into. Only a member that has returned from its replica
   // function (it can never come) ends the wait with an error.
-  void release(int member, const CollectiveCall& call);
+  void release(int member, const CollectiveCall& call) override;
 
   // kInlineBytes that `member` may fill before its next arrive() and pass as
   // its entry's `send`; others may read it until the member's round after next.
@@ -126,17 +123,17 @@ class LocalGroup {
   std::byte* inline_area(int member);
 
   // Fails the group (first call wins); wakes every waiter.
-  void abort(ErrorCode code, const std::string& message, int origin) noexcept;
+  void abort(ErrorCode code, const std::string& message, int origin) noexcept override;
   // The member has returned from its replica function and will not arrive again.
-  void mark_done(int member) noexcept;
+  void mark_done(int member) noexcept override;
   // Clears failure and progress; only when no member is inside arrive().
-  void reset();
+  void reset() override;
   // Lets go of the objects that entries still hold (the last merge_fn's
   // result, say), once every member is done; failure and progress are kept.
-  void drop_objects();
+  void drop_objects() override;
 
   // The member whose failure or timeout aborted the group, or -1.
-  int abort_origin() const;
+  int abort_origin() const override;
 
  private:
   // One cache line.

@@ -65,7 +65,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // InvalidArgumentError. Every call reads the environment: a strategy calls
   // it once, when made, and hands the value to its communicators.
   static constexpr std::size_t kAllReduceStreamBytesIntel = 32 << 20;
-  static constexpr std::size_t kNeverStream = ~std::size_t{0};
+  static constexpr std::size_t kNeverStream = internal::kNeverStream;
   static std::size_t default_all_reduce_stream_bytes();
 
   // Copies n bytes of a broadcast of `message_bytes` as the engine's
