@@ -3,6 +3,7 @@
 #   make test   installs what is missing, builds, runs every test
 # Sanitizer runs (CI runs both): make test-asan, make test-tsan.
 # The layers' include rules alone (make test checks them first): make check-layers.
+# Format and clang-tidy (CI runs it): make lint; apply the format: make format.
 # Fuzzing (CI runs a minute): make fuzz [FUZZ_SECONDS=3600] [FUZZ_SEED=0].
 
 JOBS ?= $(shell nproc)
@@ -13,7 +14,7 @@ FUZZ_SECONDS ?= 60
 # luck's; FUZZ_SEED=0 lets libFuzzer pick one (long runs).
 FUZZ_SEED ?= 1
 
-.PHONY: all setup build demo test check-layers test-asan test-tsan fuzz ci clean
+.PHONY: all setup build demo test check-layers lint format test-asan test-tsan fuzz ci clean
 
 all: build
 
@@ -33,6 +34,13 @@ test: check-layers build
 # Includes run down the layers, and backends are reached through comm/backend.h.
 check-layers:
 	@bash scripts/check_layers.sh
+
+# .clang-format and .clang-tidy, on every C++ file and translation unit.
+lint: build
+	JOBS=$(JOBS) bash scripts/lint.sh build/release
+
+format: setup
+	git ls-files '*.cc' '*.h' | xargs clang-format -i
 
 test-asan: setup
 	cmake --preset asan

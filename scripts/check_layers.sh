@@ -17,8 +17,8 @@ public_layer() {
     dtype | errors | tensor | nest | indexed_slices | dlpack | reduce_op | options) echo 0 ;;
     communicator | mpi) echo 1 ;;
     context | distributed_values | replica_context | strategy | mirrored_strategy | \
-      multi_worker_mirrored_strategy) echo 2 ;;
-    input | variables | optimizers) echo 3 ;;
+      multi_worker_mirrored_strategy | input) echo 2 ;;
+    variables | optimizers) echo 3 ;;
     distribute) echo 4 ;;  # the umbrella header
     *) echo unknown ;;
   esac
@@ -42,9 +42,7 @@ file_layer() {
 
 # Includes still against the rule, each with the issue that removes it. A
 # line here that no longer matches fails too, so that the list only shrinks.
-known=(
-  "include/distribute/strategy.h: distribute/input.h"  # issue #32 item 3: Strategy's input entry points
-)
+known=()
 
 names=(core comm runtime training tools)
 status=0

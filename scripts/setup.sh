@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages distribute needs to build, test and train
 # (OpenBLAS, zlib, the Fashion-MNIST files; clang and its libFuzzer for
-# `make fuzz`). Safe to run again: it installs
+# `make fuzz`; clang-format and clang-tidy for `make lint`). Safe to run again: it installs
 # only what is missing. Runs as root (or with sudo).
 set -euo pipefail
 
@@ -11,7 +11,7 @@ packages=(
   libdlpack-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format clang-tidy
 )
 # `setup.sh --bench` adds what bench/ compares against: Debian's PyTorch
 # (it runs on the OpenBLAS installed above).

@@ -32,6 +32,26 @@
 
 namespace distribute {
 
+// Where the buffers of a call live, and what orders the work on them: with
+// the pointers and counts of a call, the buffer descriptor a backend reads.
+// Host memory (the process's own, any thread) is the one kind a backend
+// serves today; the CUDA backend will serve kCuda (buffers on device
+// `device_index`, the call's copies and kernels ordered on `stream`, a
+// cudaStream_t, as NCCL's calls are). docs/algorithms.md, "How a backend
+// plugs in".
+enum class MemoryKind : std::uint8_t {
+  kHost,
+  kCuda,
+};
+struct BufferPlace {
+  MemoryKind kind = MemoryKind::kHost;
+  int device_index = 0;    // the device's ordinal for a device kind; 0 on the host
+  void* stream = nullptr;  // the device stream the call is ordered on; null on the host
+  friend bool operator==(const BufferPlace&, const BufferPlace&) = default;
+};
+// "host", "CUDA device 1".
+std::string to_string(const BufferPlace& place);
+
 // What a collective is, for matching and for error messages.
 struct CollectiveCall {
   std::string_view op = "collective";  // "all_reduce", "all_gather", "merge_call", ...
@@ -54,6 +74,9 @@ struct CollectiveCall {
   // the first sentence of the error every waiting rank raises. Empty: the
   // backend's own words ("... can never complete").
   std::string_view count_mismatch = {};
+  // Where every buffer of the call lives (send, recv, segments, the storage
+  // a *_shared call returns). A backend is only given a place it reaches().
+  BufferPlace place = {};
 };
 
 namespace internal {
@@ -74,6 +97,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view backend_name() const = 0;
+  // Whether this backend can work on buffers at `place` (the default: host
+  // memory only). Whoever makes a call on other memory asks first.
+  virtual bool reaches(const BufferPlace& place) const noexcept { return place.kind == MemoryKind::kHost; }
 
   // Every rank contributes `payload`; returns all payloads in rank order.
   virtual std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) = 0;

@@ -14,6 +14,8 @@
 // The mode is per thread, as TensorFlow's mode stack is per thread.
 #pragma once
 
+#include <string>
+
 namespace distribute {
 
 class ReplicaContext;
@@ -38,5 +40,20 @@ bool has_strategy();
 // top; on another thread, while it is set here, it ends the program
 // (~Strategy).
 void experimental_set_strategy(Strategy* strategy);
+
+// tf.distribute.experimental.ValueContext: what a value function knows of
+// the replica it makes a value for.
+class ValueContext {
+ public:
+  explicit ValueContext(int replica_id_in_sync_group = 0, int num_replicas_in_sync = 1);
+  int replica_id_in_sync_group() const { return replica_id_; }
+  int num_replicas_in_sync() const { return num_replicas_; }
+  // TensorFlow's str(): "tf.distribute.ValueContext(replica id 1,  total replicas in sync: 2)".
+  std::string to_string() const;
+
+ private:
+  int replica_id_;
+  int num_replicas_;
+};
 
 }  // namespace distribute

@@ -2,7 +2,7 @@
 //
 // Distributed input, as tf.distribute's: per-replica values from a function
 // (Strategy::experimental_distribute_values_from_function with a
-// ValueContext), and datasets whose batches are split across the replicas
+// ValueContext, context.h), and datasets whose batches are split across the replicas
 // of every worker (Strategy::experimental_distribute_dataset), or made per
 // input pipeline (Strategy::distribute_datasets_from_function with an
 // InputContext).
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "distribute/context.h"
 #include "distribute/distributed_values.h"
 #include "distribute/nest.h"
 #include "distribute/tensor.h"
@@ -29,21 +30,6 @@
 namespace distribute {
 
 class Strategy;
-
-// tf.distribute.experimental.ValueContext: what a value function knows of
-// the replica it makes a value for.
-class ValueContext {
- public:
-  explicit ValueContext(int replica_id_in_sync_group = 0, int num_replicas_in_sync = 1);
-  int replica_id_in_sync_group() const { return replica_id_; }
-  int num_replicas_in_sync() const { return num_replicas_; }
-  // TensorFlow's str(): "tf.distribute.ValueContext(replica id 1,  total replicas in sync: 2)".
-  std::string to_string() const;
-
- private:
-  int replica_id_;
-  int num_replicas_;
-};
 
 // tf.distribute.InputContext: what an input function knows of its pipeline
 // (one pipeline per worker).

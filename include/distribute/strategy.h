@@ -30,7 +30,7 @@
 #include "distribute/context.h"
 #include "distribute/distributed_values.h"
 #include "distribute/indexed_slices.h"
-#include "distribute/input.h"
+#include "distribute/nest.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
 #include "distribute/replica_context.h"
@@ -40,6 +40,11 @@ namespace distribute {
 
 class Strategy;
 class Variable;
+// The input pipeline (input.h): Strategy's dataset entry points return and
+// take these; include input.h (or distribute.h) to use them.
+class DistributedDataset;
+class InputContext;
+using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
 
 namespace internal {
 struct StrategyState;
@@ -146,9 +151,17 @@ class StrategyExtended {
   auto update(Mirrored<T>& var, Fn&& fn, const Args&... args);
   // The same for a distributed variable (variables.h): fn(Tensor& component,
   // select_replica(i, args)...) may write the component in place or replace
-  // it with a tensor of the same dtype and shape. Defined in variables.h.
-  template <class Fn, class... Args>
-  auto update(Variable& var, Fn&& fn, const Args&... args);
+  // it with a tensor of the same dtype and shape. A type that brings its own
+  // update (Variable does, in variables.h) is updated by the function
+  // update_distributed(extended, var, fn, args...) that argument-dependent
+  // lookup finds beside it, so that the runtime need not know the type.
+  template <class V, class Fn, class... Args>
+    requires requires(StrategyExtended& extended, V& var, Fn& fn, const Args&... args) {
+      update_distributed(extended, var, fn, args...);
+    }
+  auto update(V& var, Fn&& fn, const Args&... args) {
+    return update_distributed(*this, var, fn, args...);
+  }
 
   // Runs fn once per local replica, as Strategy::run does (TensorFlow's V1
   // name); allowed inside merge_fn, where it runs a nested step.

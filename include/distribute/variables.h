@@ -227,12 +227,14 @@ auto update_variable_components(Variable& var, Fn& fn, const Args&... given) {
 }
 }  // namespace internal
 
+// StrategyExtended::update(Variable&, fn, args...) (strategy.h).
 template <class Fn, class... Args>
-auto StrategyExtended::update(Variable& var, Fn&& fn, const Args&... args) {
-  var.check_strategy(*strategy_, "update");
+auto update_distributed(StrategyExtended& extended, Variable& var, Fn& fn, const Args&... args) {
+  Strategy& strategy = extended.strategy();
+  var.check_strategy(strategy, "update");
   using R = std::decay_t<std::invoke_result_t<Fn&, Tensor&, select_replica_t<Args>...>>;
   constexpr bool kDistributedArgs = (ReplicaSelection<Args>::kDistributed || ...);
-  ReplicaContext* ctx = internal::replica_context_of(*strategy_);
+  ReplicaContext* ctx = internal::replica_context_of(strategy);
   if constexpr (kDistributedArgs) {
     if (ctx != nullptr) {
       throw InvalidArgumentError("update of variable '" + var.name() +
@@ -258,10 +260,10 @@ auto StrategyExtended::update(Variable& var, Fn&& fn, const Args&... args) {
       return internal::replica_copy_of_update_result(*ctx->merge_call(merge_fn, var, args...));
     }
   }
-  strategy_->require_cross_replica_or_default("update");
+  strategy.require_cross_replica_or_default("update");
   // Before any component changes: too few components would fail part way,
   // too many pass unnoticed.
-  internal::check_component_counts(*strategy_, "update", args...);
+  internal::check_component_counts(strategy, "update", args...);
   return internal::update_variable_components(var, fn, args...);
 }
 

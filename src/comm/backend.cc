@@ -11,6 +11,11 @@ ReplicaGroup make_replica_group(const ReplicaGroupSpec& spec) {
     throw InternalError("make_replica_group: a group needs at least one replica, asked for " +
                         std::to_string(spec.replicas));
   }
+  if (spec.memory != MemoryKind::kHost) {
+    throw UnimplementedError("make_replica_group: no backend serves replicas whose buffers are in " +
+                             to_string(BufferPlace{.kind = spec.memory}) +
+                             " memory yet (the in-process and across-workers backends reach host memory only)");
+  }
   const bool across = spec.kind == BackendKind::kAcrossWorkers;
   if (across && spec.workers == nullptr) {
     throw InternalError("make_replica_group: a group across workers needs the workers' communicator");

@@ -83,6 +83,9 @@ struct ReplicaGroupSpec {
   BackendKind kind = BackendKind::kInProcess;
   int replicas = 1;                 // this process's replicas, >= 1
   Communicator* workers = nullptr;  // kAcrossWorkers: the workers' link (outlives the group)
+  // Where the replicas' buffers live: host memory is what every backend
+  // here serves; a device backend will be chosen by the device's kind.
+  MemoryKind memory = MemoryKind::kHost;
   // Where the in-process all_reduce starts to stream its results
   // (default_all_reduce_stream_bytes(), read once by the strategy).
   std::size_t all_reduce_stream_bytes = ~std::size_t{0};
@@ -94,7 +97,8 @@ struct ReplicaGroup {
 };
 
 // Makes the group that `spec` asks for; InternalError for a spec that no
-// backend serves (kAcrossWorkers without workers, replicas < 1).
+// backend serves (kAcrossWorkers without workers, replicas < 1), and
+// UnimplementedError for memory no backend reaches yet (CUDA devices).
 ReplicaGroup make_replica_group(const ReplicaGroupSpec& spec);
 
 // ---- engine settings and the engine's copies, for the layers above --------

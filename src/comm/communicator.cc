@@ -1,11 +1,22 @@
 #include "distribute/communicator.h"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/storage.h"
 
 namespace distribute {
+
+std::string to_string(const BufferPlace& place) {
+  switch (place.kind) {
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kCuda:
+      return "CUDA device " + std::to_string(place.device_index);
+  }
+  return "memory of kind " + std::to_string(static_cast<int>(place.kind));
+}
 
 void Communicator::all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                        const CollectiveCall& call, std::int64_t mean_divisor) {

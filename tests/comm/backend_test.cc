@@ -74,6 +74,28 @@ TEST(BackendTest, GroupAcrossWorkersRanksReplicasInTheWholeSyncGroup) {
 TEST(BackendTest, RefusesASpecNoBackendServes) {
   EXPECT_THROW(make_replica_group({.kind = BackendKind::kAcrossWorkers, .replicas = 2}), InternalError);
   EXPECT_THROW(make_replica_group({.replicas = 0}), InternalError);
+  try {
+    make_replica_group({.replicas = 2, .memory = MemoryKind::kCuda});
+    ADD_FAILURE() << "a group on CUDA memory was made, though no backend reaches it";
+  } catch (const UnimplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA device 0 memory"), std::string::npos) << e.what();
+  }
+}
+
+// Every backend says which memory it works on: host memory, and no device's.
+TEST(BackendTest, BackendsReachHostMemoryOnly) {
+  const BufferPlace host{};
+  const BufferPlace cuda{.kind = MemoryKind::kCuda, .device_index = 1};
+  ReplicaGroup in_process = make_replica_group({.replicas = 2});
+  ReplicaGroup across = make_replica_group(
+      {.kind = BackendKind::kAcrossWorkers, .replicas = 1, .workers = in_process.members[0].get()});
+  for (const Communicator* m : {in_process.members[0].get(), across.members[0].get()}) {
+    EXPECT_TRUE(m->reaches(host)) << m->backend_name();
+    EXPECT_FALSE(m->reaches(cuda)) << m->backend_name();
+  }
+  EXPECT_EQ(to_string(host), "host");
+  EXPECT_EQ(to_string(cuda), "CUDA device 1");
+  EXPECT_EQ(CollectiveCall{}.place, host);
 }
 
 }  // namespace

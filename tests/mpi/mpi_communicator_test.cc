@@ -123,6 +123,13 @@ TEST(MpiCommunicatorTest, RanksOnOneHostShareMemoryUnlessTurnedOff) {
   }
 }
 
+// MPI's paths and node shared memory read and write host memory only.
+TEST(MpiCommunicatorTest, ReachesHostMemoryOnly) {
+  MpiCommunicator comm;
+  EXPECT_TRUE(comm.reaches(BufferPlace{}));
+  EXPECT_FALSE(comm.reaches(BufferPlace{.kind = MemoryKind::kCuda, .device_index = 0}));
+}
+
 // Calls of every kind and of sizes that take every path, with data of their
 // own, the ranks put out of step by random sleeps: on one host, a slot or
 // buffer rewritten while a peer still reads it (the step parity rule of node

@@ -50,7 +50,7 @@ class HierarchicalCommunicator final : public Communicator {
   // Above 1 KiB (the local latency path) and not the threads engine's
   // 64 KiB: sharing here also saves the fan-out's copies to every local
   // replica (measured 1.16-1.22x faster at 64 KiB with 2 workers x 2
-  // replicas on the Intel machine; docs/benchmarks.md, "all_reduce into one
+  // replicas on the Intel machine; docs/history/benchmarks.md, "all_reduce into one
   // shared output"; 1 to 64 KiB not measured).
   static constexpr std::size_t kShareReduceBytes = SharedMemoryCommunicator::kLatencyPathBytes;
 

@@ -161,7 +161,7 @@ class MpiCommunicator final : public Communicator {
   // blocks inside the header round; larger ones send each block as a message
   // of its own, alongside the header round (posted_gather) or, beyond what
   // MPI's tags can name or one message carries (max_message_bytes()), after
-  // it. Measured at 2 workers (docs/benchmarks.md,
+  // it. Measured at 2 workers (docs/history/benchmarks.md,
   // multi-worker): 32 KiB blocks took 8.3 to 9.5 us posted, 9.9 to 26.9
   // inside the header round (OpenMPI sends a two-part datatype that large
   // through its own buffers).
@@ -171,7 +171,7 @@ class MpiCommunicator final : public Communicator {
   // move every block through the shared buffers in one step (a copy in, a
   // copy out); larger ones read every block where it is with the kernel's
   // single copy (single_copy_gather), if it can be had. Measured at 2
-  // workers (docs/benchmarks.md, multi-worker): with 16 KiB blocks the
+  // workers (docs/history/benchmarks.md, multi-worker): with 16 KiB blocks the
   // single copy took 5.0-5.7 us and the buffers 4.0-4.3, but 13.5 in one of
   // three runs, when the host was in a state that slows memory shared
   // between processes; with 32 KiB blocks, 6.9-8.4 us against 7.7 (25 in
@@ -262,7 +262,8 @@ class MpiCommunicator final : public Communicator {
   void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
                      const std::vector<std::size_t>& counts, const CollectiveCall& call, bool place_own = true);
   // Polls `done()` until it returns true, watching the timeout, abort and
-  // other ranks' failure notices in between.
+  // other ranks' failure notices in between (defined in
+  // mpi_communicator_internal.h: its callers are in several files).
   template <class Done>
   void poll(const CollectiveCall& call, Done&& done);
   // The header round with the tag alone, if the call has one.

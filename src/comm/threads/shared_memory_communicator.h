@@ -43,7 +43,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // copies of all_gather and broadcast use non-temporal stores: the data no
   // longer fits in cache, and streaming stores skip the read for ownership of
   // a normal store. Measured on the project's machines (32 MiB of L3;
-  // docs/benchmarks.md, "Where streaming stores start"): with 2 replicas,
+  // docs/history/benchmarks.md, "Where streaming stores start"): with 2 replicas,
   // normal stores are 1.1 to 2.4x faster at 8 and 16 MiB for all_gather and
   // 1.7 to 3.4x for broadcast (the cache holds the data); streaming is 1.1
   // to 1.4x faster from 24 MiB for all_gather, 1.1 to 1.5x from 32 MiB for
@@ -55,7 +55,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // bandwidth path writes its results with streaming stores: each chunk is
   // reduced into a buffer of the thread's and streamed to every output, so
   // no output line is read for ownership. The default depends on the CPU,
-  // as measured (docs/benchmarks.md, "Streaming all_reduce on Intel"): on
+  // as measured (docs/history/benchmarks.md, "Streaming all_reduce on Intel"): on
   // Intel, 32 MiB (streaming was 1.1 to 1.65x faster at 64 to 256 MiB in 12
   // of 13 pairs of runs with 2 and 4 replicas, faster at 24 to 32 MiB in
   // most, up to 1.1x slower at 16 MiB);
@@ -104,7 +104,7 @@ class SharedMemoryCommunicator final : public Communicator {
   std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                                const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
   // Where one shared output starts to pay among the threads of a process
-  // (docs/benchmarks.md, "all_reduce: own outputs up to 64 KiB"). It saves
+  // (docs/history/benchmarks.md, "all_reduce: own outputs up to 64 KiB"). It saves
   // writes (S/n bytes per member instead of S), but costs an allocation
   // inside the round, from the cache every thread shares, and a reference
   // count every member changes: measured on the AMD EPYC machines, own
