@@ -39,13 +39,20 @@ int main(int argc, char** argv) {
   int iters = 20, warmup = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--op") op = argv[i + 1];
-    else if (a == "-b") min_bytes = parse_size(argv[i + 1]);
-    else if (a == "-e") max_bytes = parse_size(argv[i + 1]);
-    else if (a == "-f") factor = std::atof(argv[i + 1]);
-    else if (a == "--iters") iters = std::atoi(argv[i + 1]);
-    else if (a == "--warmup") warmup = std::atoi(argv[i + 1]);
-    else if (a == "--csv") csv = argv[i + 1];
+    if (a == "--op")
+      op = argv[i + 1];
+    else if (a == "-b")
+      min_bytes = parse_size(argv[i + 1]);
+    else if (a == "-e")
+      max_bytes = parse_size(argv[i + 1]);
+    else if (a == "-f")
+      factor = std::atof(argv[i + 1]);
+    else if (a == "--iters")
+      iters = std::atoi(argv[i + 1]);
+    else if (a == "--warmup")
+      warmup = std::atoi(argv[i + 1]);
+    else if (a == "--csv")
+      csv = argv[i + 1];
     else {
       if (rank == 0) std::fprintf(stderr, "distribute-mpi-bench: unknown flag %s\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);
@@ -69,7 +76,8 @@ int main(int argc, char** argv) {
        bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * factor))) {
     std::size_t count = std::max<std::size_t>(1, bytes / sizeof(float));
     const bool blocks = op == "all_gather" || op == "reduce_scatter";
-    if (blocks) count = std::max<std::size_t>(1, count / static_cast<std::size_t>(size)) * static_cast<std::size_t>(size);
+    if (blocks)
+      count = std::max<std::size_t>(1, count / static_cast<std::size_t>(size)) * static_cast<std::size_t>(size);
     const std::size_t block = count / static_cast<std::size_t>(size);
     const std::size_t per_rank = op == "all_gather" ? block : count;
     // (touched before timing)
@@ -97,8 +105,8 @@ int main(int argc, char** argv) {
       const double total = static_cast<double>(count * sizeof(float));
       const double algbw = total / (median * 1e3);
       const double busbw = algbw * (op == "all_reduce" ? 2.0 * (size - 1) / size
-                                    : blocks ? static_cast<double>(size - 1) / size
-                                                         : 1.0);
+                                    : blocks           ? static_cast<double>(size - 1) / size
+                                                       : 1.0);
       std::printf("  %12zu %11zu %11.2f %10.2f %11.3f %11.3f\n", count * sizeof(float), count, median, times.front(),
                   algbw, busbw);
       std::fflush(stdout);

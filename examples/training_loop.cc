@@ -48,6 +48,7 @@ int main() {
           batch);
     }
   }
-  std::cout << std::fixed << std::setprecision(3) << "w = " << w->read_value().scalar<float>() << ", b = " << b->read_value().scalar<float>() << " after "
-            << sgd.iterations() << " steps on " << strategy.num_replicas_in_sync() << " replicas\n";
+  std::cout << std::fixed << std::setprecision(3) << "w = " << w->read_value().scalar<float>()
+            << ", b = " << b->read_value().scalar<float>() << " after " << sgd.iterations() << " steps on "
+            << strategy.num_replicas_in_sync() << " replicas\n";
 }

@@ -19,11 +19,11 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -83,19 +83,19 @@ struct Step {
   ReduceOp op = ReduceOp::kSum;
   int axis = 0;
   std::int64_t bytes_per_pack = 0;
-  std::vector<DType> dtypes;                       // per leaf
-  std::vector<std::vector<std::int64_t>> dims;     // per leaf
-  std::vector<std::vector<std::int64_t>> ragged;   // per leaf, per replica: the size along axis
+  std::vector<DType> dtypes;                      // per leaf
+  std::vector<std::vector<std::int64_t>> dims;    // per leaf
+  std::vector<std::vector<std::int64_t>> ragged;  // per leaf, per replica: the size along axis
   int deviant = -1;
   Deviation deviation = Deviation::kNone;
   // Single-value calls: bit r set, replica r calls the nest overload with a
   // one-leaf nest instead of the Tensor overload (the same collective).
   std::uint8_t nest_overload = 0;
-  std::vector<std::vector<Tensor>> inputs;         // [replica][leaf]
+  std::vector<std::vector<Tensor>> inputs;  // [replica][leaf]
 };
 
 struct Outcome {
-  int failed_at = -1;  // the step that threw, -1 if none
+  int failed_at = -1;                     // the step that threw, -1 if none
   ErrorCode code = ErrorCode::kInternal;  // meaningful only when failed_at >= 0
   std::string message;
   std::vector<std::vector<Tensor>> results;  // per step, per leaf
@@ -147,10 +147,14 @@ Step decode_step(FuzzedDataProvider& in, int replicas, std::mt19937_64& gen) {
 
 // DISTRIBUTE_FUZZ_VERBOSE=1: what an input decodes to, to read a finding.
 void print_program(int replicas, const std::vector<Step>& steps) {
-  static const char* kCalls[] = {"all_reduce",       "all_gather",
-                                 "all_reduce(nest)", "all_gather(nest)",
-                                 "merge_call(reduce_to)", "Strategy::reduce in run",
-                                 "broadcast (root: axis)", "broadcast(nest) (root: axis)"};
+  static const char* kCalls[] = {"all_reduce",
+                                 "all_gather",
+                                 "all_reduce(nest)",
+                                 "all_gather(nest)",
+                                 "merge_call(reduce_to)",
+                                 "Strategy::reduce in run",
+                                 "broadcast (root: axis)",
+                                 "broadcast(nest) (root: axis)"};
   static const char* kDeviations[] = {"none", "other dtype", "other shape", "skip", "other call"};
   std::fprintf(stderr, "%d replicas, %zu steps\n", replicas, steps.size());
   for (const Step& s : steps) {
@@ -178,17 +182,16 @@ std::vector<Tensor> perform(ReplicaContext& ctx, const Step& s, int replica) {
   switch (call) {
     case Call::kAllReduce: {
       const Tensor value = mine.empty() ? constant(0.f) : mine.front();
-      return {as_nest ? ctx.all_reduce(s.op, Nest<Tensor>(value), options).leaf() : ctx.all_reduce(s.op, value, options)};
+      return {as_nest ? ctx.all_reduce(s.op, Nest<Tensor>(value), options).leaf()
+                      : ctx.all_reduce(s.op, value, options)};
     }
     case Call::kAllGather: {
       const Tensor value = mine.empty() ? constant(0.f) : mine.front();
       return {as_nest ? ctx.all_gather(Nest<Tensor>(value), s.axis, options).leaf()
                       : ctx.all_gather(value, s.axis, options)};
     }
-    case Call::kAllReduceNest:
-      return ctx.all_reduce(s.op, mine, options);
-    case Call::kAllGatherNest:
-      return ctx.all_gather(mine, s.axis, options);
+    case Call::kAllReduceNest: return ctx.all_reduce(s.op, mine, options);
+    case Call::kAllGatherNest: return ctx.all_gather(mine, s.axis, options);
     case Call::kMergeReduce: {
       const Tensor value = mine.empty() ? constant(0.f) : mine.front();
       const ReduceOp op = s.op;
@@ -205,10 +208,8 @@ std::vector<Tensor> perform(ReplicaContext& ctx, const Step& s, int replica) {
       return {as_nest ? ctx.broadcast(Nest<Tensor>(value), s.axis, options).leaf()
                       : ctx.broadcast(value, s.axis, options)};
     }
-    case Call::kBroadcastNest:
-      return ctx.broadcast(mine, s.axis, options);
-    case Call::kCount:
-      break;
+    case Call::kBroadcastNest: return ctx.broadcast(mine, s.axis, options);
+    case Call::kCount: break;
   }
   return {};
 }
@@ -217,8 +218,8 @@ std::vector<Tensor> perform(ReplicaContext& ctx, const Step& s, int replica) {
 void check_against_reference(const Step& s, const std::vector<Tensor>& got, int replica) {
   const bool gather = s.call == Call::kAllGather || s.call == Call::kAllGatherNest;
   const std::size_t leaves = s.inputs.front().size();
-  if (got.size() != leaves) fail("a collective returned " + std::to_string(got.size()) + " leaves, not " +
-                                 std::to_string(leaves));
+  if (got.size() != leaves)
+    fail("a collective returned " + std::to_string(got.size()) + " leaves, not " + std::to_string(leaves));
   for (std::size_t l = 0; l < leaves; ++l) {
     std::vector<Tensor> column;
     for (const auto& per : s.inputs) column.push_back(per[l]);
@@ -266,9 +267,8 @@ std::size_t first_deviation(const std::vector<Step>& steps) {
 // A step that must work after anything: every replica's id, summed.
 void check_still_usable(MirroredStrategy& s) {
   const int n = s.num_replicas_in_sync();
-  const PerReplica<Tensor> sums = s.run([](ReplicaContext& ctx) {
-    return ctx.all_reduce(ReduceOp::kSum, constant(ctx.replica_id_in_sync_group()));
-  });
+  const PerReplica<Tensor> sums = s.run(
+      [](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(ctx.replica_id_in_sync_group())); });
   for (const Tensor& t : s.experimental_local_results(sums)) {
     if (t.scalar<int>() != n * (n - 1) / 2) fail("the strategy gave a wrong sum after an earlier input");
   }
@@ -289,8 +289,8 @@ void fuzz_cross_replica(FuzzedDataProvider& in, MirroredStrategy& s, std::mt1993
   for (int r = 0; r < s.num_replicas_in_sync(); ++r) {
     std::vector<std::int64_t> mine = dims;
     // Each replica's own size along one dimension (ragged for gather, wrong for reduce).
-    if (!mine.empty() && in.ConsumeBool()) mine[in.ConsumeIntegralInRange<std::size_t>(0, mine.size() - 1)] =
-        in.ConsumeIntegralInRange<std::int64_t>(0, 3);
+    if (!mine.empty() && in.ConsumeBool())
+      mine[in.ConsumeIntegralInRange<std::size_t>(0, mine.size() - 1)] = in.ConsumeIntegralInRange<std::int64_t>(0, 3);
     values.push_back(testing::random_tensor(gen, dtype, Shape(mine)));
   }
   const PerReplica<Tensor> per_replica(values);
@@ -307,8 +307,8 @@ void fuzz_cross_replica(FuzzedDataProvider& in, MirroredStrategy& s, std::mt1993
   Tensor expected;
   if (gather) {
     const int rank = static_cast<int>(dims.size());
-    if (rank == 0 || axis < -rank || axis >= rank) fail("gather accepted axis " + std::to_string(axis) +
-                                                        " for rank " + std::to_string(rank));
+    if (rank == 0 || axis < -rank || axis >= rank)
+      fail("gather accepted axis " + std::to_string(axis) + " for rank " + std::to_string(rank));
     expected = testing::reference_gather(values, axis < 0 ? axis + rank : axis);
   } else if (!with_axis) {
     expected = testing::reference_reduce(op, values);
@@ -385,9 +385,9 @@ void fuzz_collectives(FuzzedDataProvider& in) {
     const Outcome& first = *reference;
     if ((o.failed_at < 0) != (first.failed_at < 0) || o.code != first.code || o.message != first.message) {
       const auto describe = [](const Outcome& x) {
-        return x.failed_at < 0 ? std::string("no error")
-                               : "step " + std::to_string(x.failed_at) + ": " + std::string(to_string(x.code)) +
-                                     ": " + x.message;
+        return x.failed_at < 0
+                   ? std::string("no error")
+                   : "step " + std::to_string(x.failed_at) + ": " + std::string(to_string(x.code)) + ": " + x.message;
       };
       fail("replica " + std::to_string(r) + " ended differently from another: " + describe(o) + " vs " +
            describe(first));

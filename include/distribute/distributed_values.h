@@ -54,9 +54,7 @@ class DistributedValues {
   // The first component, as tf's `_primary`.
   const T& primary() const { return component(0); }
 
-  friend bool operator==(const DistributedValues& a, const DistributedValues& b) {
-    return a.values_ == b.values_;
-  }
+  friend bool operator==(const DistributedValues& a, const DistributedValues& b) { return a.values_ == b.values_; }
 
  private:
   std::vector<T> values_;
@@ -134,16 +132,18 @@ template <class... Ts>
 struct ReplicaSelection<std::tuple<Ts...>> {
   using type = std::tuple<typename ReplicaSelection<std::decay_t<Ts>>::type...>;
   static type select(std::size_t i, const std::tuple<Ts...>& v) {
-    return std::apply([i](const auto&... e) { return type(ReplicaSelection<std::decay_t<decltype(e)>>::select(i, e)...); },
-                      v);
+    return std::apply(
+        [i](const auto&... e) { return type(ReplicaSelection<std::decay_t<decltype(e)>>::select(i, e)...); }, v);
   }
   static constexpr bool kDistributed = (ReplicaSelection<std::decay_t<Ts>>::kDistributed || ...);
 };
 template <class A, class B>
 struct ReplicaSelection<std::pair<A, B>> {
-  using type = std::pair<typename ReplicaSelection<std::decay_t<A>>::type, typename ReplicaSelection<std::decay_t<B>>::type>;
+  using type =
+      std::pair<typename ReplicaSelection<std::decay_t<A>>::type, typename ReplicaSelection<std::decay_t<B>>::type>;
   static type select(std::size_t i, const std::pair<A, B>& v) {
-    return type(ReplicaSelection<std::decay_t<A>>::select(i, v.first), ReplicaSelection<std::decay_t<B>>::select(i, v.second));
+    return type(ReplicaSelection<std::decay_t<A>>::select(i, v.first),
+                ReplicaSelection<std::decay_t<B>>::select(i, v.second));
   }
   static constexpr bool kDistributed =
       ReplicaSelection<std::decay_t<A>>::kDistributed || ReplicaSelection<std::decay_t<B>>::kDistributed;
@@ -203,8 +203,7 @@ decltype(auto) select_replica(std::size_t replica, const T& value) {
 
 // TensorFlow's layout: "PerReplica:{\n  0: ...,\n  1: ...\n}".
 template <class D>
-  requires is_distributed_values_v<D>
-std::string repr(const D& d) {
+requires is_distributed_values_v<D> std::string repr(const D& d) {
   std::string s = std::string(D::kName) + ":{\n";
   for (std::size_t i = 0; i < d.size(); ++i) {
     s += "  " + std::to_string(i) + ": " + internal::leaf_repr(d.values()[i]);
@@ -214,10 +213,7 @@ std::string repr(const D& d) {
 }
 
 template <class D>
-  requires is_distributed_values_v<D>
-std::ostream& operator<<(std::ostream& os, const D& d) {
-  return os << repr(d);
-}
+requires is_distributed_values_v<D> std::ostream& operator<<(std::ostream& os, const D& d) { return os << repr(d); }
 
 // Python's repr of a list of values: "[a, b]".
 template <class T>

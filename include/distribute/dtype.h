@@ -29,9 +29,9 @@ enum class DType : std::uint8_t {
   kFloat64,
 };
 
-inline constexpr DType kAllDTypes[] = {
-    DType::kBool,    DType::kInt8,     DType::kUInt8,   DType::kInt16, DType::kInt32,
-    DType::kInt64,   DType::kFloat16,  DType::kBFloat16, DType::kFloat32, DType::kFloat64};
+inline constexpr DType kAllDTypes[] = {DType::kBool,    DType::kInt8,   DType::kUInt8,   DType::kInt16,
+                                       DType::kInt32,   DType::kInt64,  DType::kFloat16, DType::kBFloat16,
+                                       DType::kFloat32, DType::kFloat64};
 
 // IEEE 754 binary16, stored as its bits. Converts through float.
 struct float16 {
@@ -66,17 +66,28 @@ bool is_integer(DType dtype);  // bool is neither integer nor floating
 template <class T>
 constexpr DType dtype_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, bool>) return DType::kBool;
-  else if constexpr (std::is_same_v<U, std::int8_t>) return DType::kInt8;
-  else if constexpr (std::is_same_v<U, std::uint8_t>) return DType::kUInt8;
-  else if constexpr (std::is_same_v<U, std::int16_t>) return DType::kInt16;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return DType::kInt32;
-  else if constexpr (std::is_same_v<U, std::int64_t> || std::is_same_v<U, long long>) return DType::kInt64;
-  else if constexpr (std::is_same_v<U, float16>) return DType::kFloat16;
-  else if constexpr (std::is_same_v<U, bfloat16>) return DType::kBFloat16;
-  else if constexpr (std::is_same_v<U, float>) return DType::kFloat32;
-  else if constexpr (std::is_same_v<U, double>) return DType::kFloat64;
-  else static_assert(sizeof(T) == 0, "no distribute::DType for this C++ type");
+  if constexpr (std::is_same_v<U, bool>)
+    return DType::kBool;
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return DType::kInt8;
+  else if constexpr (std::is_same_v<U, std::uint8_t>)
+    return DType::kUInt8;
+  else if constexpr (std::is_same_v<U, std::int16_t>)
+    return DType::kInt16;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return DType::kInt32;
+  else if constexpr (std::is_same_v<U, std::int64_t> || std::is_same_v<U, long long>)
+    return DType::kInt64;
+  else if constexpr (std::is_same_v<U, float16>)
+    return DType::kFloat16;
+  else if constexpr (std::is_same_v<U, bfloat16>)
+    return DType::kBFloat16;
+  else if constexpr (std::is_same_v<U, float>)
+    return DType::kFloat32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DType::kFloat64;
+  else
+    static_assert(sizeof(T) == 0, "no distribute::DType for this C++ type");
 }
 
 // Calls f(T{}) with the C++ storage type of `dtype`.

@@ -48,9 +48,9 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-#define DISTRIBUTE_DEFINE_ERROR(Name, Code)                                   \
-  class Name : public Error {                                                 \
-   public:                                                                    \
+#define DISTRIBUTE_DEFINE_ERROR(Name, Code)                                        \
+  class Name : public Error {                                                      \
+   public:                                                                         \
     explicit Name(const std::string& message) : Error(ErrorCode::Code, message) {} \
   }
 

@@ -51,17 +51,16 @@ class Nest {
   // A leaf of a type that converts to T: a Tensor or an IndexedSlices is a
   // leaf of a Nest<TensorOrSlices>.
   template <class U>
-    requires(!std::is_same_v<std::decay_t<U>, T> && !std::is_same_v<std::decay_t<U>, Nest> &&
-             std::is_convertible_v<U, T>)
-  Nest(U&& leaf) : node_(T(std::forward<U>(leaf))) {}  // NOLINT: implicit, as the leaf itself
+  requires(!std::is_same_v<std::decay_t<U>, T> && !std::is_same_v<std::decay_t<U>, Nest> && std::is_convertible_v<U, T>)
+      Nest(U&& leaf)
+      : node_(T(std::forward<U>(leaf))) {}  // NOLINT: implicit, as the leaf itself
   Nest() : depth_(1), node_(List{}) {}      // an empty list
 
   static Nest list(std::vector<Nest> items) { return Nest(List{std::move(items)}); }
   static Nest tuple(std::vector<Nest> items) { return Nest(Tuple{std::move(items)}); }
   // Keys are sorted; a repeated key throws InvalidArgumentError.
   static Nest dict(Items items) {
-    std::stable_sort(items.begin(), items.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (std::size_t i = 1; i < items.size(); ++i) {
       if (items[i].first == items[i - 1].first) {
         throw InvalidArgumentError("Nest::dict: key '" + items[i].first + "' appears twice");
@@ -101,8 +100,8 @@ class Nest {
   const Nest& operator[](std::size_t i) const {
     const auto& v = items();
     if (i >= v.size()) {
-      throw OutOfRangeError("Nest: index " + std::to_string(i) + " out of range for " + kind_name() +
-                            " of size " + std::to_string(v.size()));
+      throw OutOfRangeError("Nest: index " + std::to_string(i) + " out of range for " + kind_name() + " of size " +
+                            std::to_string(v.size()));
     }
     return v[i];
   }
@@ -293,13 +292,13 @@ template <class A, class B>
 void assert_same_structure(const Nest<A>& a, const Nest<B>& b, const std::string& path = "") {
   auto where = [&] { return path.empty() ? std::string("the top level") : path; };
   if (a.kind() != b.kind()) {
-    throw InvalidArgumentError("The two structures don't have the same nested structure: at " + where() +
-                               " one is a " + a.kind_name() + " and the other a " + b.kind_name());
+    throw InvalidArgumentError("The two structures don't have the same nested structure: at " + where() + " one is a " +
+                               a.kind_name() + " and the other a " + b.kind_name());
   }
   if (a.kind() == NestKind::kLeaf) return;
   if (a.size() != b.size()) {
-    throw InvalidArgumentError("The two structures don't have the same nested structure: at " + where() +
-                               " the " + a.kind_name() + "s have " + std::to_string(a.size()) + " and " +
+    throw InvalidArgumentError("The two structures don't have the same nested structure: at " + where() + " the " +
+                               a.kind_name() + "s have " + std::to_string(a.size()) + " and " +
                                std::to_string(b.size()) + " elements");
   }
   if (a.kind() == NestKind::kDict) {

@@ -133,8 +133,8 @@ class Adam final : public Optimizer {
  public:
   struct Options {
     double learning_rate = 0.001;
-    double beta_1 = 0.9;   // in [0, 1)
-    double beta_2 = 0.999; // in [0, 1)
+    double beta_1 = 0.9;    // in [0, 1)
+    double beta_2 = 0.999;  // in [0, 1)
     double epsilon = 1e-7;
   };
   explicit Adam(Options options);

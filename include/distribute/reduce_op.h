@@ -19,8 +19,8 @@ enum class ReduceOp {
   kProduct,  // extension
 };
 
-inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMin,
-                                             ReduceOp::kMax, ReduceOp::kProduct};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMin, ReduceOp::kMax,
+                                             ReduceOp::kProduct};
 
 // "SUM", "MEAN", "MIN", "MAX", "PRODUCT".
 std::string_view to_string(ReduceOp op);

@@ -89,8 +89,7 @@ class ReplicaContext {
   // may differ along `axis` only (ragged); rank must be >= 1; a negative axis
   // counts from the end.
   Tensor all_gather(const Tensor& value, int axis, const CommunicationOptions& options = {});
-  std::vector<Tensor> all_gather(const std::vector<Tensor>& value, int axis,
-                                 const CommunicationOptions& options = {});
+  std::vector<Tensor> all_gather(const std::vector<Tensor>& value, int axis, const CommunicationOptions& options = {});
   Nest<Tensor> all_gather(const Nest<Tensor>& value, int axis, const CommunicationOptions& options = {});
   // Always throws UnimplementedError ("all_gather does not support
   // IndexedSlices"), on every replica.
@@ -162,7 +161,8 @@ auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {
         for (const void* p : all) values.push_back(*std::get<I>(*static_cast<const Pointers*>(p)));
         return values;
       }())...);
-    }(std::index_sequence_for<Args...>{});
+    }
+    (std::index_sequence_for<Args...>{});
     args_taken();
     Strategy& strategy = *strategy_;
     if constexpr (std::is_void_v<R>) {
@@ -176,7 +176,8 @@ auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {
   if constexpr (std::is_void_v<R>) {
     return;
   } else {
-    return select_replica_t<R>(select_replica(static_cast<std::size_t>(local_id_), *static_cast<const R*>(result.get())));
+    return select_replica_t<R>(
+        select_replica(static_cast<std::size_t>(local_id_), *static_cast<const R*>(result.get())));
   }
 }
 

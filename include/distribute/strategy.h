@@ -55,8 +55,7 @@ class StrategyRef;
 // shape (a mismatch raises the same InvalidArgumentError on every worker).
 // A worker that passes `local_error` (its own refusal of the value) makes
 // every worker raise it, naming that worker. One worker: does nothing.
-void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api,
-                                 const Error* local_error = nullptr);
+void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api, const Error* local_error = nullptr);
 // Multi-worker strategies: every worker's `payload`, in worker order (a
 // collective). One worker: {payload}. A worker that passes `local_error`
 // (found before the call) makes every worker raise it, instead of leaving
@@ -74,8 +73,8 @@ class Destinations {
   Destinations(const char* device);         // NOLINT: implicit, as TF accepts a device string
   Destinations(const std::string& device);  // NOLINT
   template <class D>
-    requires is_distributed_values_v<D> && std::is_same_v<typename D::value_type, Tensor>
-  Destinations(const D& value) {  // NOLINT
+  requires is_distributed_values_v<D> && std::is_same_v<typename D::value_type, Tensor> Destinations(
+      const D& value) {  // NOLINT
     for (const Tensor& t : value.values()) devices_.push_back(t.device());
     if (devices_.empty()) throw InvalidArgumentError("destinations can not be empty");
   }
@@ -156,12 +155,10 @@ class StrategyExtended {
   // update_distributed(extended, var, fn, args...) that argument-dependent
   // lookup finds beside it, so that the runtime need not know the type.
   template <class V, class Fn, class... Args>
-    requires requires(StrategyExtended& extended, V& var, Fn& fn, const Args&... args) {
-      update_distributed(extended, var, fn, args...);
-    }
-  auto update(V& var, Fn&& fn, const Args&... args) {
-    return update_distributed(*this, var, fn, args...);
+  requires requires(StrategyExtended& extended, V& var, Fn& fn, const Args&... args) {
+    update_distributed(extended, var, fn, args...);
   }
+  auto update(V& var, Fn&& fn, const Args&... args) { return update_distributed(*this, var, fn, args...); }
 
   // Runs fn once per local replica, as Strategy::run does (TensorFlow's V1
   // name); allowed inside merge_fn, where it runs a nested step.
@@ -292,10 +289,8 @@ class Strategy {
     return value.values();
   }
   template <class T>
-    requires(!is_distributed_values_v<T>)
-  std::vector<T> experimental_local_results(const T& value) const {
-    return {value};
-  }
+  requires(!is_distributed_values_v<T>) std::vector<T> experimental_local_results(const T& value)
+  const { return {value}; }
 
   // ---- for the runtime and for strategies -------------------------------
   // Throws the TensorFlow error unless this thread is in this strategy's
@@ -348,8 +343,7 @@ class Strategy {
   // Several workers: `value` is this worker's one value, reduced across the
   // workers with `op` (MEAN divides by the number of workers). A collective
   // of the workers, agreed first (dtype, shape, op, options).
-  Tensor reduce_per_worker(ReduceOp op, const Tensor& value, const CommunicationOptions& options,
-                           std::string_view api);
+  Tensor reduce_per_worker(ReduceOp op, const Tensor& value, const CommunicationOptions& options, std::string_view api);
   // Whether a non-distributed value is one per worker here (several workers).
   bool values_are_per_worker() const;
   // Per-replica IndexedSlices across the sync group: this worker's
@@ -478,7 +472,11 @@ struct ResultStructure<std::tuple<Ts...>> {
   static void append(std::string& s, const std::tuple<Ts...>& v) {
     s += '(';
     std::size_t i = 0;
-    std::apply([&](const auto&... e) { ((s += (i++ ? ", " : ""), ResultStructure<std::decay_t<decltype(e)>>::append(s, e)), ...); }, v);
+    std::apply(
+        [&](const auto&... e) {
+          ((s += (i++ ? ", " : ""), ResultStructure<std::decay_t<decltype(e)>>::append(s, e)), ...);
+        },
+        v);
     s += sizeof...(Ts) == 1 ? ",)" : ")";
   }
 };
@@ -512,7 +510,7 @@ struct ResultStructure<std::map<K, V, Compare>> {
     bool first = true;
     for (const auto& [key, value] : v) {
       s += first ? "'" : ", '";
-      if constexpr (requires(std::ostream& os, const K& k) { os << k; }) {
+      if constexpr (requires(std::ostream & os, const K& k) { os << k; }) {
         std::ostringstream k;
         k << key;
         s += k.str();
@@ -604,9 +602,11 @@ auto StrategyExtended::update(Mirrored<T>& var, Fn&& fn, const Args&... args) {
     // with its own replica's arguments. Every replica gets the whole Mirrored
     // result, its tensors read-only.
     if constexpr (std::is_void_v<R>) {
-      ctx->merge_call([&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
-        s.extended().update_components(var, fn, grouped...);
-      }, args...);
+      ctx->merge_call(
+          [&var, &fn](Strategy& s, const PerReplica<Args>&... grouped) {
+            s.extended().update_components(var, fn, grouped...);
+          },
+          args...);
       return;
     } else {
       return internal::replica_copy_of_update_result(*ctx->merge_call(

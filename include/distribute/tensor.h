@@ -94,8 +94,7 @@ class Tensor {
   // A tensor whose bytes are not initialised; for buffers that are written whole.
   static Tensor uninitialized(DType dtype, Shape shape, std::string_view device = {});
   // A tensor viewing `data` (which keeps the storage alive) without copying.
-  static Tensor from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape,
-                            std::string_view device = {});
+  static Tensor from_shared(std::shared_ptr<std::byte> data, DType dtype, Shape shape, std::string_view device = {});
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
@@ -207,8 +206,8 @@ std::size_t checked_nbytes(DType dtype, const Shape& shape);
 template <class T>
 Tensor constant(const std::vector<T>& values, Shape shape) {
   if (static_cast<std::int64_t>(values.size()) != shape.num_elements()) {
-    throw InvalidArgumentError("constant: " + std::to_string(values.size()) +
-                               " values do not fill shape " + shape.to_string());
+    throw InvalidArgumentError("constant: " + std::to_string(values.size()) + " values do not fill shape " +
+                               shape.to_string());
   }
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<std::uint8_t> bytes(values.begin(), values.end());
@@ -234,8 +233,8 @@ Tensor constant(std::initializer_list<std::initializer_list<T>> rows) {
   const std::int64_t cols = rows.size() == 0 ? 0 : static_cast<std::int64_t>(rows.begin()->size());
   for (const auto& row : rows) {
     if (static_cast<std::int64_t>(row.size()) != cols) {
-      throw InvalidArgumentError("constant: rows have different lengths (" + std::to_string(cols) +
-                                 " and " + std::to_string(row.size()) + ")");
+      throw InvalidArgumentError("constant: rows have different lengths (" + std::to_string(cols) + " and " +
+                                 std::to_string(row.size()) + ")");
     }
     flat.insert(flat.end(), row.begin(), row.end());
   }

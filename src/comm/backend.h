@@ -31,11 +31,11 @@ namespace distribute::internal {
 
 // What a replica brings to a rendezvous, and sees of every other one.
 struct RendezvousEntry {
-  const void* send = nullptr;     // read by the others until the member's round after next
-  void* recv = nullptr;           // written by the others, where a collective says so
-  std::string payload;            // a copy, for small exchanges (signatures)
-  std::shared_ptr<void> object;   // something handed to all (a merge_fn's result)
-  std::uint64_t tag = 0;          // CollectiveCall::signature_tag, on a collective's first round
+  const void* send = nullptr;    // read by the others until the member's round after next
+  void* recv = nullptr;          // written by the others, where a collective says so
+  std::string payload;           // a copy, for small exchanges (signatures)
+  std::shared_ptr<void> object;  // something handed to all (a merge_fn's result)
+  std::uint64_t tag = 0;         // CollectiveCall::signature_tag, on a collective's first round
 };
 
 // The rendezvous of the threads of one process that run the replicas of one

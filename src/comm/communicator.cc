@@ -10,10 +10,8 @@ namespace distribute {
 
 std::string to_string(const BufferPlace& place) {
   switch (place.kind) {
-    case MemoryKind::kHost:
-      return "host";
-    case MemoryKind::kCuda:
-      return "CUDA device " + std::to_string(place.device_index);
+    case MemoryKind::kHost: return "host";
+    case MemoryKind::kCuda: return "CUDA device " + std::to_string(place.device_index);
   }
   return "memory of kind " + std::to_string(static_cast<int>(place.kind));
 }
@@ -54,9 +52,8 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::span<const 
   if (mine) std::memcpy(recv, block.get() + offset * esz, mine);
 }
 
-std::shared_ptr<std::byte> Communicator::all_reduce_shared(std::span<const Segment> segments, DType dtype,
-                                                           ReduceOp op, const CollectiveCall& call,
-                                                           std::int64_t mean_divisor) {
+std::shared_ptr<std::byte> Communicator::all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
+                                                           const CollectiveCall& call, std::int64_t mean_divisor) {
   const std::size_t esz = size_of(dtype);
   std::size_t total = 0;
   for (const Segment& s : segments) total += s.count;

@@ -158,8 +158,8 @@ Tensor from_dlpack(DLManagedTensor* managed) {
       if (bytes[i] > 1) {
         char held[8];
         std::snprintf(held, sizeof held, "0x%02x", bytes[i]);
-        throw InvalidArgumentError("from_dlpack: bool element " + std::to_string(i) + " of shape " +
-                                   shape.to_string() + " holds the byte " + held +
+        throw InvalidArgumentError("from_dlpack: bool element " + std::to_string(i) + " of shape " + shape.to_string() +
+                                   " holds the byte " + held +
                                    "; a bool must be 0 or 1 (convert it, e.g. with != 0, before importing)");
       }
     }

@@ -98,8 +98,7 @@ std::string_view to_string(DType dtype) {
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
-         dtype == DType::kFloat64;
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 || dtype == DType::kFloat64;
 }
 
 bool is_integer(DType dtype) {

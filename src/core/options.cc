@@ -36,9 +36,10 @@ CommunicationImplementation communication_implementation_from_string(std::string
   if (u == "AUTO") return CommunicationImplementation::kAuto;
   if (u == "RING") return CommunicationImplementation::kRing;
   if (u == "NCCL") return CommunicationImplementation::kNccl;
-  throw InvalidArgumentError("Argument `implementation` must be instance of "
-                             "`tf.distribute.experimental.CommunicationImplementation` (AUTO, RING or NCCL), got '" +
-                             std::string(name) + "'");
+  throw InvalidArgumentError(
+      "Argument `implementation` must be instance of "
+      "`tf.distribute.experimental.CommunicationImplementation` (AUTO, RING or NCCL), got '" +
+      std::string(name) + "'");
 }
 
 CommunicationOptions CommunicationOptions::merge(const CommunicationOptions& other) const {

@@ -1,10 +1,10 @@
 #include "core/reduce_kernels.h"
 
-#include "core/kernel_clones.h"
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+
+#include "core/kernel_clones.h"
 
 namespace distribute::internal {
 namespace {
@@ -77,8 +77,7 @@ A nan_max(A a, A b) {
 // element is read from all sources before dst[i] is written, so dst may alias
 // any source.
 template <class T, class A, class Combine, class Finish>
-void reduce_blocks(T* dst_base, std::span<const void* const> srcs, std::size_t count, Combine combine,
-                   Finish finish) {
+void reduce_blocks(T* dst_base, std::span<const void* const> srcs, std::size_t count, Combine combine, Finish finish) {
   const std::size_t k = srcs.size();
   if (k == 1) {
     const T* s0 = static_cast<const T*>(srcs[0]);
@@ -127,25 +126,28 @@ void reduce_typed(T* dst, std::span<const void* const> srcs, std::size_t count, 
     using Mean = typename Accumulator<T>::mean;
     switch (op) {
       case ReduceOp::kSum:
-        reduce_blocks<T, Sum>(dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a + b); }, same);
+        reduce_blocks<T, Sum>(
+            dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a + b); }, same);
         return;
       case ReduceOp::kProduct:
         // Widen to at least unsigned int first: uint16 * uint16 would promote to int and overflow.
         reduce_blocks<T, Sum>(
             dst, srcs, count,
-            [](Sum a, Sum b) { return static_cast<Sum>(static_cast<std::common_type_t<Sum, unsigned>>(a) * b); },
-            same);
+            [](Sum a, Sum b) { return static_cast<Sum>(static_cast<std::common_type_t<Sum, unsigned>>(a) * b); }, same);
         return;
       case ReduceOp::kMin:
-        reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return nan_min(a, b); }, same);
+        reduce_blocks<T, Mean>(
+            dst, srcs, count, [](Mean a, Mean b) { return nan_min(a, b); }, same);
         return;
       case ReduceOp::kMax:
-        reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return nan_max(a, b); }, same);
+        reduce_blocks<T, Mean>(
+            dst, srcs, count, [](Mean a, Mean b) { return nan_max(a, b); }, same);
         return;
       case ReduceOp::kMean: {
         const Mean d = static_cast<Mean>(divisor);
-        reduce_blocks<T, Mean>(dst, srcs, count, [](Mean a, Mean b) { return static_cast<Mean>(a + b); },
-                               [d](Mean a) { return static_cast<Mean>(a / d); });
+        reduce_blocks<T, Mean>(
+            dst, srcs, count, [](Mean a, Mean b) { return static_cast<Mean>(a + b); },
+            [d](Mean a) { return static_cast<Mean>(a / d); });
         return;
       }
     }

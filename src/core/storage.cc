@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -59,11 +59,11 @@ void poison(const void*, std::size_t) {}
 void unpoison(const void*, std::size_t) {}
 #endif
 
-void* system_allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{kStorageAlignment}); }
+void* system_allocate(std::size_t bytes) { return ::operator new (bytes, std::align_val_t{kStorageAlignment}); }
 // `bytes`: the block's size class (a cached block may still be poisoned).
 void system_free(void* p, std::size_t bytes) {
   unpoison(p, bytes);
-  ::operator delete(p, std::align_val_t{kStorageAlignment});
+  ::operator delete (p, std::align_val_t{kStorageAlignment});
 }
 
 // A setting that is not a whole number leaves the default here (the first

@@ -1,13 +1,13 @@
 #include "distribute/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <new>
-#include <unordered_set>
 #include <ostream>
+#include <unordered_set>
 
 #include "core/recent_answers.h"
 #include "core/storage.h"
@@ -16,7 +16,8 @@ namespace distribute {
 
 // ---- Shape -------------------------------------------------------------------
 
-Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+Shape::Shape(std::initializer_list<std::int64_t> dims)
+    : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(const std::vector<std::int64_t>& dims) : Shape(std::span<const std::int64_t>(dims)) {}
 
@@ -149,10 +150,10 @@ void Tensor::throw_not_scalar() const {
 }
 
 void Tensor::throw_read_only() const {
-  throw FailedPreconditionError("Tensor " + std::string(to_string(dtype_)) + " " + shape_.to_string() + " on " +
-                                *device_ +
-                                " is read-only (its storage is shared with values that must not change, such as the other "
-                                "replicas' all_reduce and all_gather results): clone() it to write");
+  throw FailedPreconditionError(
+      "Tensor " + std::string(to_string(dtype_)) + " " + shape_.to_string() + " on " + *device_ +
+      " is read-only (its storage is shared with values that must not change, such as the other "
+      "replicas' all_reduce and all_gather results): clone() it to write");
 }
 
 Tensor Tensor::as_read_only() const& { return Tensor(*this).as_read_only(); }
@@ -255,9 +256,7 @@ T from_double(double v) {
 }
 }  // namespace
 
-Tensor fill(DType dtype, Shape shape, double value) {
-  return iota(dtype, std::move(shape), value, 0);
-}
+Tensor fill(DType dtype, Shape shape, double value) { return iota(dtype, std::move(shape), value, 0); }
 
 Tensor scalar(DType dtype, double value) { return fill(dtype, Shape{}, value); }
 
@@ -315,8 +314,7 @@ Tensor concat(std::span<const Tensor> tensors, int axis) {
     }
     if (t.rank() != rank) {
       throw InvalidArgumentError("concat: Ranks of all input tensors should match: tensor " + std::to_string(k) +
-                                 " has shape " + t.shape().to_string() + ", tensor 0 has " +
-                                 first.shape().to_string());
+                                 " has shape " + t.shape().to_string() + ", tensor 0 has " + first.shape().to_string());
     }
     for (int d = 0; d < rank; ++d) {
       if (d != axis && t.shape()[d] != first.shape()[d]) {

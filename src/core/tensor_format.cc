@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "distribute/tensor.h"
@@ -62,8 +62,8 @@ Decimal shortest(double v, DType dtype) {
   for (int precision = 1; precision <= 9; ++precision) {
     std::snprintf(buf, sizeof buf, "%.*e", precision - 1, static_cast<double>(f));
     const float back = std::strtof(buf, nullptr);
-    const bool same = dtype == DType::kFloat16 ? float16(back).bits == float16(f).bits
-                                               : bfloat16(back).bits == bfloat16(f).bits;
+    const bool same =
+        dtype == DType::kFloat16 ? float16(back).bits == float16(f).bits : bfloat16(back).bits == bfloat16(f).bits;
     if (same) return parse_scientific(buf);
   }
   std::snprintf(buf, sizeof buf, "%.8e", static_cast<double>(f));
@@ -274,7 +274,8 @@ class ArrayFormatter {
       for (std::size_t i = 0; i < values_.size(); ++i) {
         if (!std::isfinite(values_[i])) continue;
         std::string digits = exps[i].substr(1);
-        exps[i] = "e" + exps[i].substr(0, 1) + std::string(static_cast<std::size_t>(exp_size) - digits.size(), '0') + digits;
+        exps[i] =
+            "e" + exps[i].substr(0, 1) + std::string(static_cast<std::size_t>(exp_size) - digits.size(), '0') + digits;
         pad_left = std::max(pad_left, ints[i].size());
       }
       pad_right = static_cast<std::size_t>(exp_size + 2 + precision);
@@ -289,7 +290,8 @@ class ArrayFormatter {
       pad_right = std::max(pad_right, fracs[i].size());
     }
     if (!any_finite) pad_left = pad_right = 0;
-    for (std::size_t i = 0; i < values_.size(); ++i) tails[i] = "." + fracs[i] + std::string(pad_right - fracs[i].size(), ' ');
+    for (std::size_t i = 0; i < values_.size(); ++i)
+      tails[i] = "." + fracs[i] + std::string(pad_right - fracs[i].size(), ' ');
     emit(ints, tails, pad_left, pad_right, any_nonfinite, neg_inf);
   }
 
@@ -410,8 +412,8 @@ std::string Tensor::numpy_repr() const {
 std::string Tensor::repr() const {
   std::string value = numpy_repr();
   if (value.find('\n') != std::string::npos) value = "\n" + value;
-  return "<tf.Tensor: shape=" + shape_.to_string() + ", dtype=" + std::string(to_string(dtype_)) +
-         ", numpy=" + value + ">";
+  return "<tf.Tensor: shape=" + shape_.to_string() + ", dtype=" + std::string(to_string(dtype_)) + ", numpy=" + value +
+         ">";
 }
 
 std::string Tensor::to_list_string() const {

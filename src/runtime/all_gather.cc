@@ -1,7 +1,5 @@
 // ReplicaContext::all_gather: a first round that assumes the same shapes on every
 // replica, and a slow path (full signatures, ragged values) when the hashes differ.
-#include "distribute/replica_context.h"
-
 #include <charconv>
 #include <cstddef>
 #include <memory>
@@ -16,6 +14,7 @@
 #include "distribute/indexed_slices.h"
 #include "distribute/nest.h"
 #include "distribute/options.h"
+#include "distribute/replica_context.h"
 #include "distribute/tensor.h"
 #include "runtime/collective_pipeline.h"
 #include "runtime/gather_layout.h"
@@ -89,11 +88,11 @@ std::vector<Tensor> gather_values(ReplicaChannel& ch, const std::vector<Tensor>&
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const Tensor& leaf = leaves[i];
     const auto a = static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis);
-    out.push_back(gather_leaf(ch, leaf,
-                              sigs ? internal::gather_layout(leaf, axis, members,
-                                                             [&](std::size_t q) { return (*sigs)[q].leaves[i].dims[a]; })
-                                   : same_shapes_layout(ch, leaf, axis),
-                              data_call));
+    out.push_back(gather_leaf(
+        ch, leaf,
+        sigs ? internal::gather_layout(leaf, axis, members, [&](std::size_t q) { return (*sigs)[q].leaves[i].dims[a]; })
+             : same_shapes_layout(ch, leaf, axis),
+        data_call));
     data_call.signature_tag = 0;
   }
   return out;
@@ -157,7 +156,8 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
   const std::string_view op_name = sig.op;  // (a lambda captures no structured binding: clang 14)
   const auto& memo = ch.all_gather_memo.get({axis, 0}, value.dtype(), value.shape().dims_span(), [&] {
     internal::TagHasher tag(op_name);
-    all_gather_fields(axis, leaf_structure(), [&](std::string_view key, std::string_view text) { tag.field(key, text); });
+    all_gather_fields(axis, leaf_structure(),
+                      [&](std::string_view key, std::string_view text) { tag.field(key, text); });
     tag.leaf_count(1);
     tag.leaf(value.dtype(), value.shape().dims_span());
     decltype(ch.all_gather_memo)::Entry entry{.state = tag.state()};

@@ -1,7 +1,5 @@
 // ReplicaContext::all_reduce, of tensors, nests, lists and IndexedSlices: values
 // of one dtype packed into buffers of about bytes_per_pack, one collective per pack.
-#include "distribute/replica_context.h"
-
 #include <algorithm>
 #include <charconv>
 #include <cstddef>
@@ -21,6 +19,7 @@
 #include "distribute/nest.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
+#include "distribute/replica_context.h"
 #include "distribute/tensor.h"
 #include "runtime/collective_pipeline.h"
 #include "runtime/packing.h"
@@ -118,7 +117,8 @@ internal::TagHasher all_reduce_hash(std::string_view op_name, ReduceOp op, std::
 
 std::uint64_t all_reduce_tag(const Signature& sig, ReduceOp op, std::string_view structure,
                              std::span<const Tensor> leaves, std::int64_t bytes_per_pack) {
-  return all_reduce_hash(sig.op, op, structure, leaves, bytes_per_pack).finish(sig.sequence, sig.error_code.has_value());
+  return all_reduce_hash(sig.op, op, structure, leaves, bytes_per_pack)
+      .finish(sig.sequence, sig.error_code.has_value());
 }
 
 // The rest of an all_reduce once it has begun: `leaves` are the value
@@ -181,9 +181,8 @@ Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const Commun
 std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& value,
                                                const CommunicationOptions& options) {
   CollectiveStart start = begin_collective(*this, "all_reduce", options);
-  return reduce_leaves(*this, op, value, Nest<Tensor>::list_of_leaves_structure(value.size()), start, [&] {
-    return Nest<Tensor>::list(std::vector<Nest<Tensor>>(value.begin(), value.end()));
-  });
+  return reduce_leaves(*this, op, value, Nest<Tensor>::list_of_leaves_structure(value.size()), start,
+                       [&] { return Nest<Tensor>::list(std::vector<Nest<Tensor>>(value.begin(), value.end())); });
 }
 
 namespace {
@@ -236,8 +235,7 @@ IndexedSlices gather_slices(ReplicaChannel& ch, const IndexedSlices& value, cons
 }
 }  // namespace
 
-IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value,
-                                         const CommunicationOptions& options) {
+IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value, const CommunicationOptions& options) {
   auto [opts, call, sig] = begin_collective(*this, "all_reduce", options);
   ReplicaChannel& ch = *channel_;
   sig.fields = {{"reduce op", std::string(to_string(op))},
@@ -246,8 +244,8 @@ IndexedSlices ReplicaContext::all_reduce(ReduceOp op, const IndexedSlices& value
                 {"indices dtype", std::string(to_string(value.indices().dtype()))}};
   sig.leaves.push_back({value.values().dtype(), value.values().shape().dims()});
   refuse_slices_op(op, sig);
-  const std::vector<Signature> sigs = agree(ch, sig, call, first_replica_of_group(*this),
-                                            internal::ShapeRule::kAllButFirst, 0, nullptr);
+  const std::vector<Signature> sigs =
+      agree(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kAllButFirst, 0, nullptr);
   return gather_slices(ch, value, sigs, 0, op, num_replicas_in_sync(), call);
 }
 
@@ -291,8 +289,8 @@ Nest<TensorOrSlices> ReplicaContext::all_reduce(ReduceOp op, const Nest<TensorOr
   }
   refuse_slices_op(op, sig);
   const std::vector<std::string> paths = value.flatten_paths();
-  const std::vector<Signature> sigs =
-      agree(ch, sig, start.call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, namer_for(paths), &rules);
+  const std::vector<Signature> sigs = agree(ch, sig, start.call, first_replica_of_group(*this),
+                                            internal::ShapeRule::kEqual, 0, namer_for(paths), &rules);
   // Agreed: the dense leaves packed as a Nest<Tensor>'s, then each sparse one.
   std::vector<TensorOrSlices> out(leaves.size());
   CollectiveCall data = start.call;

@@ -1,7 +1,5 @@
 // ReplicaContext::broadcast, of tensors, nests and lists: values packed as
 // all_reduce packs them, a pack of several staged by the root into one buffer.
-#include "distribute/replica_context.h"
-
 #include <algorithm>
 #include <charconv>
 #include <cstddef>
@@ -19,6 +17,7 @@
 #include "distribute/errors.h"
 #include "distribute/nest.h"
 #include "distribute/options.h"
+#include "distribute/replica_context.h"
 #include "distribute/tensor.h"
 #include "runtime/collective_pipeline.h"
 #include "runtime/packing.h"
@@ -95,8 +94,9 @@ std::vector<Tensor> broadcast_packed(ReplicaChannel& ch, const std::vector<Tenso
       }
       send = staged.get();
     }
-    std::shared_ptr<std::byte> result = collective_output(
-        call, pack.dtype, pack.count, [&] { return ch.comm->broadcast_shared(send, pack.count, pack.dtype, root, call); });
+    std::shared_ptr<std::byte> result = collective_output(call, pack.dtype, pack.count, [&] {
+      return ch.comm->broadcast_shared(send, pack.count, pack.dtype, root, call);
+    });
     ++ch.data_calls;
     call.signature_tag = 0;
     staged.reset();
@@ -174,13 +174,11 @@ Tensor ReplicaContext::broadcast(const Tensor& value, int root_replica, const Co
   validate_root(*this, root_replica, sig);
   const std::int64_t bytes_per_pack = opts.bytes_per_pack;  // (a lambda captures no structured binding: clang 14)
   const std::string_view op_name = sig.op;
-  const auto& memo = ch.broadcast_memo.get({root_replica, bytes_per_pack}, value.dtype(), value.shape().dims_span(),
-                                           [&] {
-                                             return internal::CallMemo<>::Entry{
-                                                 .state = broadcast_hash(op_name, root_replica, leaf_structure(),
-                                                                         {&value, 1}, bytes_per_pack)
-                                                              .state()};
-                                           });
+  const auto& memo =
+      ch.broadcast_memo.get({root_replica, bytes_per_pack}, value.dtype(), value.shape().dims_span(), [&] {
+        return internal::CallMemo<>::Entry{
+            .state = broadcast_hash(op_name, root_replica, leaf_structure(), {&value, 1}, bytes_per_pack).state()};
+      });
   CollectiveCall first = call;
   first.signature_tag = internal::TagHasher::resume(memo.state).finish(sig.sequence, sig.error_code.has_value());
   const int root = root_replica - first_replica_of_group(*this);

@@ -73,10 +73,9 @@ std::shared_ptr<std::byte> collective_output(const CollectiveCall& call, DType d
   try {
     return make();
   } catch (const std::bad_alloc&) {
-    throw ResourceExhaustedError(std::string(call.op) + " #" + std::to_string(call.sequence) +
-                                 ": out of memory allocating its result, " +
-                                 internal::bytes_text(elements * size_of(dtype)) + " of " +
-                                 std::string(to_string(dtype)));
+    throw ResourceExhaustedError(
+        std::string(call.op) + " #" + std::to_string(call.sequence) + ": out of memory allocating its result, " +
+        internal::bytes_text(elements * size_of(dtype)) + " of " + std::string(to_string(dtype)));
   }
 }
 

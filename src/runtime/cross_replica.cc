@@ -26,8 +26,8 @@ namespace internal {
 void check_components(std::size_t given, const Strategy& s, std::string_view what) {
   if (given != static_cast<std::size_t>(s.num_local_replicas())) {
     throw InvalidArgumentError(std::string(what) + ": a distributed value has " + std::to_string(given) +
-                               " components but " + s.describe() + " has " +
-                               std::to_string(s.num_local_replicas()) + " local replicas");
+                               " components but " + s.describe() + " has " + std::to_string(s.num_local_replicas()) +
+                               " local replicas");
   }
 }
 
@@ -102,8 +102,7 @@ Tensor Strategy::reduce_components(ReduceOp op, const std::vector<Tensor>& compo
 
 std::vector<Tensor> Strategy::reduce_components_batch(ReduceOp op,
                                                       const std::vector<const std::vector<Tensor>*>& values,
-                                                      const CommunicationOptions& options,
-                                                      std::int64_t mean_divisor) {
+                                                      const CommunicationOptions& options, std::int64_t mean_divisor) {
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : num_replicas_in_sync_;
   Communicator* workers = state_->workers;
   const bool across = workers != nullptr && workers->size() > 1;
@@ -161,8 +160,8 @@ void Strategy::reduce_exact_mean(const internal::Pack& pack, const std::vector<c
       at += t.nbytes();
     }
   }
-  Tensor all = Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count * local * workers)},
-                                     kHostDevice);
+  Tensor all =
+      Tensor::uninitialized(pack.dtype, Shape{static_cast<std::int64_t>(pack.count * local * workers)}, kHostDevice);
   {
     std::lock_guard<std::recursive_mutex> lock(state_->worker_mutex);
     const std::vector<std::size_t> counts(workers, pack.count * local);
@@ -320,12 +319,11 @@ IndexedSlices Strategy::reduce_slices(ReduceOp op, const std::vector<IndexedSlic
       const IndexedSlices& c = components[i];
       if (slices_text(c) != slices_text(first) || c.dtype() != first.dtype() ||
           row_shape(c.values()) != row_shape(first.values())) {
-        throw InvalidArgumentError(
-            std::string(api) + ": the IndexedSlices of the replicas differ: replica " +
-            std::to_string(first_replica_id_) + " has " + std::string(to_string(first.dtype())) +
-            row_shape(first.values()) + ", " + slices_text(first) + "; replica " +
-            std::to_string(first_replica_id_ + static_cast<int>(i)) + " has " + std::string(to_string(c.dtype())) +
-            row_shape(c.values()) + ", " + slices_text(c));
+        throw InvalidArgumentError(std::string(api) + ": the IndexedSlices of the replicas differ: replica " +
+                                   std::to_string(first_replica_id_) + " has " + std::string(to_string(first.dtype())) +
+                                   row_shape(first.values()) + ", " + slices_text(first) + "; replica " +
+                                   std::to_string(first_replica_id_ + static_cast<int>(i)) + " has " +
+                                   std::string(to_string(c.dtype())) + row_shape(c.values()) + ", " + slices_text(c));
       }
     }
     std::vector<Tensor> local_values, local_indices;
@@ -361,8 +359,8 @@ IndexedSlices Strategy::reduce_slices(ReduceOp op, const std::vector<IndexedSlic
     Tensor all_indices = Tensor::uninitialized(indices.dtype(), Shape{rows}, kHostDevice);
     state_->workers->all_gather_v(values.raw_data(), all_values.mutable_raw_data(), value_counts, 1, values.dtype(),
                                   internal::worker_call(*state_, options, api));
-    state_->workers->all_gather_v(indices.raw_data(), all_indices.mutable_raw_data(), index_counts, 1,
-                                  indices.dtype(), internal::worker_call(*state_, options, api));
+    state_->workers->all_gather_v(indices.raw_data(), all_indices.mutable_raw_data(), index_counts, 1, indices.dtype(),
+                                  internal::worker_call(*state_, options, api));
     values = all_values;
     indices = all_indices;
   }
@@ -408,8 +406,8 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) {
       internal::agree_workers(*state_, options_, sig, internal::ShapeRule::kAllButAxis, axis);
   if (blocks.size() == 1) return block;
   const auto a = static_cast<std::size_t>(axis < 0 ? axis + block.rank() : axis);
-  const internal::GatherLayout layout = internal::gather_layout(
-      block, axis, blocks.size(), [&](std::size_t w) { return blocks[w].leaves[0].dims[a]; });
+  const internal::GatherLayout layout =
+      internal::gather_layout(block, axis, blocks.size(), [&](std::size_t w) { return blocks[w].leaves[0].dims[a]; });
   Tensor out = Tensor::uninitialized(block.dtype(), layout.shape, kHostDevice);
   const CollectiveCall call = internal::worker_call(*state_, options_, "gather");
   state_->workers->all_gather_v(block.raw_data(), out.mutable_raw_data(), layout.counts, layout.outer, block.dtype(),

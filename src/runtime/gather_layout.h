@@ -56,8 +56,8 @@ GatherLayout gather_layout(const Tensor& value, int axis, std::size_t members, A
   std::copy(dims_in.begin(), dims_in.end(), dims.data());
   std::int64_t& along_axis = dims[static_cast<std::size_t>(a)];
   along_axis = 0;
-  GatherLayout layout{.outer = static_cast<std::size_t>(outer), .counts = InlineArray<std::size_t, 8>(members),
-                      .shape = {}};
+  GatherLayout layout{
+      .outer = static_cast<std::size_t>(outer), .counts = InlineArray<std::size_t, 8>(members), .shape = {}};
   for (std::size_t q = 0; q < members; ++q) {
     const std::int64_t n = along(q);
     layout.counts[q] = static_cast<std::size_t>(n * inner);

@@ -24,14 +24,16 @@ std::string ValueContext::to_string() const {
 }
 
 InputContext::InputContext(int num_input_pipelines, int input_pipeline_id, int num_replicas_in_sync)
-    : num_input_pipelines_(num_input_pipelines), input_pipeline_id_(input_pipeline_id),
+    : num_input_pipelines_(num_input_pipelines),
+      input_pipeline_id_(input_pipeline_id),
       num_replicas_in_sync_(num_replicas_in_sync) {
   if (num_input_pipelines < 1 || num_replicas_in_sync < 1 || input_pipeline_id < 0 ||
       input_pipeline_id >= num_input_pipelines) {
-    throw InvalidArgumentError("InputContext: need num_input_pipelines >= 1, 0 <= input_pipeline_id < "
-                               "num_input_pipelines and num_replicas_in_sync >= 1; got " +
-                               std::to_string(num_input_pipelines) + ", " + std::to_string(input_pipeline_id) +
-                               ", " + std::to_string(num_replicas_in_sync));
+    throw InvalidArgumentError(
+        "InputContext: need num_input_pipelines >= 1, 0 <= input_pipeline_id < "
+        "num_input_pipelines and num_replicas_in_sync >= 1; got " +
+        std::to_string(num_input_pipelines) + ", " + std::to_string(input_pipeline_id) + ", " +
+        std::to_string(num_replicas_in_sync));
   }
 }
 
@@ -179,8 +181,7 @@ class RebatchSource final : public DistributedDataset::Source {
           }
         },
         "experimental_distribute_dataset");
-    const std::vector<std::string> all =
-        failure.exchange(s, std::to_string(rows), "experimental_distribute_dataset");
+    const std::vector<std::string> all = failure.exchange(s, std::to_string(rows), "experimental_distribute_dataset");
     for (std::size_t w = 0; w < all.size(); ++w) {
       if (all[w] != all[0]) {
         auto said = [](const std::string& r) { return r == "-1" ? std::string("no batch left") : r + " rows"; };
@@ -240,8 +241,11 @@ class PipelineSource final : public DistributedDataset::Source {
         "distribute_datasets_from_function");
     // "1": batches this step; "0": none, but an earlier batch gives the
     // structure of empty ones; "x": none ever.
-    const std::vector<std::string> all =
-        failure.exchange(s, any ? "1" : last_ ? "0" : "x", "distribute_datasets_from_function");
+    const std::vector<std::string> all = failure.exchange(s,
+                                                          any     ? "1"
+                                                          : last_ ? "0"
+                                                                  : "x",
+                                                          "distribute_datasets_from_function");
     bool any_worker = false;
     for (const std::string& a : all) any_worker = any_worker || a == "1";
     if (!any_worker) return std::nullopt;

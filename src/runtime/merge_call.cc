@@ -1,7 +1,5 @@
 // ReplicaContext::merge_call: a check of the call across workers, a round of the
 // local replicas' arguments, and replica 0's merge_fn handing its result to all.
-#include "distribute/replica_context.h"
-
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -15,6 +13,7 @@
 #include "distribute/communicator.h"
 #include "distribute/errors.h"
 #include "distribute/options.h"
+#include "distribute/replica_context.h"
 #include "distribute/strategy.h"
 #include "runtime/collective_pipeline.h"
 #include "runtime/mode.h"
@@ -120,8 +119,8 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
       const std::string msg = "merge_fn of replica " + std::to_string(replica_id_) + " (merge_call #" +
-                              std::to_string(call.sequence) + ") failed with " +
-                              internal::describe_exception(error) + "; the other replicas were aborted.";
+                              std::to_string(call.sequence) + ") failed with " + internal::describe_exception(error) +
+                              "; the other replicas were aborted.";
       // An error every worker's merge_fn raised alike (a reduce_to, gather, ...
       // inside it found a mismatch between workers) leaves nothing in flight
       // between workers: their link stays usable, as for the same call outside

@@ -1,5 +1,4 @@
 #include "distribute/mirrored_strategy.h"
-#include "distribute/multi_worker_mirrored_strategy.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,6 +9,7 @@
 
 #include "core/payload_list.h"
 #include "core/recent_answers.h"
+#include "distribute/multi_worker_mirrored_strategy.h"
 #include "runtime/runtime_util.h"
 
 namespace distribute {
@@ -131,8 +131,7 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
   if (dup != sorted.end()) {
     std::string list;
     for (const auto& d : devices) list += (list.empty() ? "" : ", ") + d;
-    throw InvalidArgumentError("No duplicates allowed in `devices` argument: [" + list + "] names " + *dup +
-                               " twice");
+    throw InvalidArgumentError("No duplicates allowed in `devices` argument: [" + list + "] names " + *dup + " twice");
   }
   return out;
 }
@@ -161,7 +160,6 @@ MirroredStrategy::MirroredStrategy() : MirroredStrategy(all_cpus()) {}
 
 MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options)
     : Strategy(canonical_devices(devices), static_cast<int>(devices.size()), 0, std::move(options)) {}
-
 
 // ---- MultiWorkerMirroredStrategy -----------------------------------------------
 
@@ -323,13 +321,14 @@ std::vector<std::string> numbered_cpus(int n) {
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const std::vector<std::string>& local_devices,
                                                          std::shared_ptr<Communicator> workers,
                                                          CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(
-          internal::make_cluster_setup([&local_devices] { return local_devices; }, std::move(workers), std::move(options))) {}
+    : MultiWorkerMirroredStrategy(internal::make_cluster_setup([&local_devices] { return local_devices; },
+                                                               std::move(workers), std::move(options))) {}
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std::shared_ptr<Communicator> workers,
                                                          CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(internal::make_cluster_setup(
-          [local_replicas] { return internal::numbered_cpus(local_replicas); }, std::move(workers), std::move(options))) {}
+    : MultiWorkerMirroredStrategy(
+          internal::make_cluster_setup([local_replicas] { return internal::numbered_cpus(local_replicas); },
+                                       std::move(workers), std::move(options))) {}
 
 // The workers meet once the strategy is made, or once its making failed (a
 // bad argument, found by make_cluster_setup; no thread for a replica): in
@@ -338,7 +337,9 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup) try
     : Strategy(internal::checked_devices(setup), static_cast<int>(setup.devices.size()) * setup.size,
                static_cast<int>(setup.devices.size()) * setup.rank, setup.options),
-      workers_(setup.workers), worker_rank_(setup.rank), num_workers_(setup.size) {
+      workers_(setup.workers),
+      worker_rank_(setup.rank),
+      num_workers_(setup.size) {
   if (workers_ != nullptr) {
     set_workers(workers_);
     internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr, setup.met);

@@ -38,8 +38,7 @@ void watch_for_exit() {
   // handler before destroying the static objects made before that (every
   // strategy made at static initialisation, before main), and after those
   // made later.
-  static const bool registered =
-      std::atexit([] { exit_begun.store(true, std::memory_order_relaxed); }) == 0;
+  static const bool registered = std::atexit([] { exit_begun.store(true, std::memory_order_relaxed); }) == 0;
   (void)registered;
 }
 
@@ -244,9 +243,10 @@ StrategyScope Strategy::scope() {
       return StrategyScope(this, StrategyScope::Kind::kCounted);
     }
     if (top.replica != nullptr && top.strategy == this) {
-      throw FailedPreconditionError("Method requires being in cross-replica context, use "
-                                    "get_replica_context().merge_call(): scope() of " +
-                                    describe() + " entered inside its own replica function");
+      throw FailedPreconditionError(
+          "Method requires being in cross-replica context, use "
+          "get_replica_context().merge_call(): scope() of " +
+          describe() + " entered inside its own replica function");
     }
   }
   if (is_default_strategy(*this)) {
@@ -268,12 +268,14 @@ void Strategy::require_cross_replica_or_default(std::string_view api) const {
   if (mode_stack().empty()) return;  // the default mode
   if (mode.strategy == this) {
     if (api == "gather") {
-      throw FailedPreconditionError("tf.distribute.Strategy.gather method requires cross-replica context, use "
-                                    "get_replica_context().all_gather() instead");
+      throw FailedPreconditionError(
+          "tf.distribute.Strategy.gather method requires cross-replica context, use "
+          "get_replica_context().all_gather() instead");
     }
-    throw FailedPreconditionError("Method requires being in cross-replica context, use "
-                                  "get_replica_context().merge_call(): " + std::string(api) +
-                                  " was called inside a replica function of " + describe());
+    throw FailedPreconditionError(
+        "Method requires being in cross-replica context, use "
+        "get_replica_context().merge_call(): " +
+        std::string(api) + " was called inside a replica function of " + describe());
   }
   if (!has_strategy()) {
     throw FailedPreconditionError("Need to be inside \"with strategy.scope()\" for " + describe() + ": " +

@@ -16,8 +16,7 @@ std::vector<Pack> plan_packs(const std::vector<Tensor>& values, std::int64_t byt
       if (values[i].dtype() != dtype) continue;
       const bool start_new =
           packs.size() == first_of_dtype ||
-          (bytes_per_pack > 0 &&
-           static_cast<std::int64_t>(packs.back().count * size_of(dtype)) > bytes_per_pack);
+          (bytes_per_pack > 0 && static_cast<std::int64_t>(packs.back().count * size_of(dtype)) > bytes_per_pack);
       if (start_new) packs.push_back(Pack{dtype, {}, 0});
       packs.back().leaves.push_back(i);
       packs.back().count += static_cast<std::size_t>(values[i].num_elements());

@@ -25,9 +25,9 @@ namespace distribute::internal {
 struct alignas(64) ReplicaChannel {
   Communicator* comm = nullptr;
   ReplicaRendezvous* local = nullptr;  // this process's replicas of the run (merge_call)
-  int depth = 0;               // 0 for a top-level run, +1 per nested call_for_each_replica
-  std::uint64_t sequence = 0;  // collectives issued by this replica in this run
-  std::uint64_t data_calls = 0;  // communicator data calls (one per pack / gathered value), for tests and stats
+  int depth = 0;                       // 0 for a top-level run, +1 per nested call_for_each_replica
+  std::uint64_t sequence = 0;          // collectives issued by this replica in this run
+  std::uint64_t data_calls = 0;        // communicator data calls (one per pack / gathered value), for tests and stats
   double stall_warning_seconds = 0;
   // The replica's last collective failed its signature check, which every
   // replica of every worker runs on the same signatures: all raised the same

@@ -139,9 +139,10 @@ void run_on_new_threads(int replicas, const std::function<void(int)>& task,
     throw;
   }
   // (On a forced unwind, they run `task`, in a frame the unwinding leaves.)
-  with_forced_unwind([&] { task(0); }, [&] {
-    for (auto& t : threads) t.join();
-  });
+  with_forced_unwind([&] { task(0); },
+                     [&] {
+                       for (auto& t : threads) t.join();
+                     });
   for (auto& t : threads) t.join();
 }
 

@@ -36,8 +36,8 @@ void validate_gather_leaf(const Tensor& value, int axis, Signature& sig) {
     sig.error = "all_gather needs a value of rank >= 1, got a scalar (shape ()); reshape it to shape (1,) first";
   } else if (axis < -value.rank() || axis >= value.rank()) {
     sig.error_code = ErrorCode::kInvalidArgument;
-    sig.error = "axis " + std::to_string(axis) + " is out of range for a value of shape " +
-                value.shape().to_string() + " (rank " + std::to_string(value.rank()) + ")";
+    sig.error = "axis " + std::to_string(axis) + " is out of range for a value of shape " + value.shape().to_string() +
+                " (rank " + std::to_string(value.rank()) + ")";
   }
 }
 

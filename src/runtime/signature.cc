@@ -56,7 +56,8 @@ std::string replica_list(const std::vector<int>& members, int first) {
 std::string describe_values(const std::vector<std::string>& values, int first, std::string_view member) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int m = 0; m < static_cast<int>(values.size()); ++m) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == values[static_cast<std::size_t>(m)]; });
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == values[static_cast<std::size_t>(m)]; });
     if (it == groups.end()) {
       groups.push_back({values[static_cast<std::size_t>(m)], {m}});
     } else {
@@ -111,7 +112,8 @@ std::optional<StructureDifference> first_structure_difference(std::string_view a
       if (c == '\'') quoted = !quoted;
       if (quoted) continue;
       if (c == '{' || c == '[' || c == '(') ++depth;
-      if ((c == '}' || c == ']' || c == ')') && --depth == 0) return std::string(text.substr(open.back().start, i + 1 - open.back().start));
+      if ((c == '}' || c == ']' || c == ')') && --depth == 0)
+        return std::string(text.substr(open.back().start, i + 1 - open.back().start));
     }
     return std::string(text.substr(open.back().start));
   };
@@ -197,8 +199,9 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule l
   // 1. A replica found its own arguments invalid: everyone raises its error.
   for (int m = 0; m < n; ++m) {
     const Signature& s = sigs[static_cast<std::size_t>(m)];
-    if (s.error_code) throw_error(*s.error_code, s.op + " #" + std::to_string(s.sequence) + " on " + std::string(member) + " " +
-                                                     std::to_string(first + m) + ": " + s.error);
+    if (s.error_code)
+      throw_error(*s.error_code, s.op + " #" + std::to_string(s.sequence) + " on " + std::string(member) + " " +
+                                     std::to_string(first + m) + ": " + s.error);
   }
   // 2. Different collectives, or the same one at different points of the program.
   std::vector<std::string> ops;
@@ -209,8 +212,8 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule l
   }
   if (ops_differ) {
     throw FailedPreconditionError("Collective mismatch: the " + members + " called different collectives (" +
-                                  describe_values(ops, first, member) +
-                                  "). Every " + std::string(member) + " must call the same collectives in the same order.");
+                                  describe_values(ops, first, member) + "). Every " + std::string(member) +
+                                  " must call the same collectives in the same order.");
   }
   // 3. Arguments that must be equal.
   for (std::size_t f = 0; f < s0.fields.size(); ++f) {
@@ -274,7 +277,8 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule l
                                  describe_values(shapes, first, member) + ".");
     }
     const auto& d0 = s0.leaves[i].dims;
-    const int leaf_axis = axis < 0 ? axis + static_cast<int>(d0.size()) : axis;  // per leaf: ranks may differ between leaves
+    const int leaf_axis =
+        axis < 0 ? axis + static_cast<int>(d0.size()) : axis;  // per leaf: ranks may differ between leaves
     for (std::size_t d = 0; d < d0.size(); ++d) {
       if (rule == ShapeRule::kAllButAxis && static_cast<int>(d) == leaf_axis) continue;
       if (rule == ShapeRule::kAllButFirst && d == 0) continue;
@@ -286,9 +290,9 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule l
                                    describe_values(shapes, first, member) + "); " + s0.op + " needs equal shapes.");
       }
       throw InvalidArgumentError(label + ": Shape mismatch: Dimension " + std::to_string(d) + " of " + what +
-                                 " must be equal on every " + std::string(member) + " (" + describe_values(shapes, first, member) +
-                                 "); only dimension " + std::to_string(rule == ShapeRule::kAllButAxis ? leaf_axis : 0) +
-                                 " may differ.");
+                                 " must be equal on every " + std::string(member) + " (" +
+                                 describe_values(shapes, first, member) + "); only dimension " +
+                                 std::to_string(rule == ShapeRule::kAllButAxis ? leaf_axis : 0) + " may differ.");
     }
   }
 }

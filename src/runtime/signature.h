@@ -150,9 +150,9 @@ class CallMemo {
 
 // How leaf shapes must agree.
 enum class ShapeRule {
-  kEqual,          // all_reduce: identical shapes
-  kAllButAxis,     // all_gather: same rank, equal except along `axis`
-  kAllButFirst,    // IndexedSlices values: equal except dimension 0
+  kEqual,        // all_reduce: identical shapes
+  kAllButAxis,   // all_gather: same rank, equal except along `axis`
+  kAllButFirst,  // IndexedSlices values: equal except dimension 0
 };
 
 // Names leaf i for messages, e.g. "['b'][1]" (empty for a single value).

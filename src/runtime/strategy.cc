@@ -85,15 +85,17 @@ std::string describe_strategy(std::string_view name, int replicas, const std::ve
 
 Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, int first_replica_id,
                    CommunicationOptions options, bool checks_settings)
-    : devices_(std::move(devices)), num_replicas_in_sync_(num_replicas_in_sync),
-      first_replica_id_(first_replica_id), options_(std::move(options)), extended_(*this) {
+    : devices_(std::move(devices)),
+      num_replicas_in_sync_(num_replicas_in_sync),
+      first_replica_id_(first_replica_id),
+      options_(std::move(options)),
+      extended_(*this) {
   // The mode stack of the making thread exists before the strategy does, so
   // that it is destroyed after a thread-local strategy, and before a static
   // one at exit (~Strategy).
   internal::mode_stack();
   options_.validate();
-  const std::size_t stream_bytes =
-      checks_settings ? internal::checked_engine_settings() : internal::kNeverStream;
+  const std::size_t stream_bytes = checks_settings ? internal::checked_engine_settings() : internal::kNeverStream;
   if (!options_.timeout) {
     const double t = internal::env_seconds("DISTRIBUTE_COLLECTIVE_TIMEOUT");
     if (t > 0) options_.timeout = std::chrono::duration<double>(t);
@@ -102,7 +104,6 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
   state_->stall_warning_seconds = internal::env_seconds("DISTRIBUTE_STALL_WARNING_SECONDS");
   state_->all_reduce_stream_bytes = stream_bytes;
 }
-
 
 Strategy::~Strategy() {
   internal::unset_global_strategy_if(*this);
@@ -140,7 +141,6 @@ void Strategy::set_workers(std::shared_ptr<Communicator> workers) {
   state_->workers = workers.get();
   state_->workers_owner = std::move(workers);
 }
-
 
 std::string Strategy::describe() const {
   return describe_strategy(name(), num_replicas_in_sync_, devices_, state_->workers);

@@ -65,8 +65,8 @@ struct CopyJob final : internal::MergeTask {
     while (at < end) {
       const std::size_t k = at / bytes, offset = at % bytes;
       const std::size_t n = std::min(end - at, bytes - offset);
-      internal::copy_broadcast_part(
-          static_cast<std::byte*>(destinations[k].mutable_raw_data()) + offset, from + offset, n, bytes);
+      internal::copy_broadcast_part(static_cast<std::byte*>(destinations[k].mutable_raw_data()) + offset, from + offset,
+                                    n, bytes);
       at += n;
     }
   }
@@ -179,9 +179,8 @@ std::vector<Mirrored<Tensor>> StrategyExtended::batch_reduce_to(
     const CommunicationOptions& options) {
   strategy_->require_cross_replica_or_default("batch_reduce_to");
   if (value_destination_pairs.empty()) strategy_->options_.merge(options).validate();
-  return reduce_each<Mirrored<Tensor>>(value_destination_pairs, [&](const Tensor& v, const Destinations& d) {
-    return reduce_to(op, v, d, options);
-  });
+  return reduce_each<Mirrored<Tensor>>(
+      value_destination_pairs, [&](const Tensor& v, const Destinations& d) { return reduce_to(op, v, d, options); });
 }
 
 std::vector<Mirrored<IndexedSlices>> StrategyExtended::batch_reduce_to(

@@ -49,11 +49,11 @@ struct StrategyState {
     std::lock_guard<std::mutex> lock(resources_mutex);
     while (static_cast<int>(by_depth.size()) <= depth) {
       auto res = std::make_unique<RunResources>();
-      ReplicaGroup group = make_replica_group({.kind = workers != nullptr ? BackendKind::kAcrossWorkers
-                                                                          : BackendKind::kInProcess,
-                                               .replicas = replicas,
-                                               .workers = workers,
-                                               .all_reduce_stream_bytes = all_reduce_stream_bytes});
+      ReplicaGroup group =
+          make_replica_group({.kind = workers != nullptr ? BackendKind::kAcrossWorkers : BackendKind::kInProcess,
+                              .replicas = replicas,
+                              .workers = workers,
+                              .all_reduce_stream_bytes = all_reduce_stream_bytes});
       res->local = std::move(group.rendezvous);
       res->comms = std::move(group.members);
       res->channels.resize(static_cast<std::size_t>(replicas));

@@ -58,8 +58,9 @@ void throw_different_result_structures(std::string_view api, int first_replica,
   if (const auto d = first_structure_difference(structures[0], structures[m])) {
     message += ". They first differ at" + d->path + ": " + a + " has " + d->a + ", " + b + " has " + d->b;
   }
-  throw InvalidArgumentError(message + ". Every replica must return a result of the same structure (TensorFlow's "
-                                       "regroup refuses others).");
+  throw InvalidArgumentError(message +
+                             ". Every replica must return a result of the same structure (TensorFlow's "
+                             "regroup refuses others).");
 }
 
 MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
@@ -82,8 +83,8 @@ namespace {
 // Takes the turn of a run at one depth (runs of one strategy take turns),
 // within `timeout` seconds (0: none): DeadlineExceededError past it, a
 // warning on stderr every `stall` seconds (0: none).
-void take_turn(std::unique_lock<std::mutex>& run_lock, std::string_view api, const Strategy& strategy,
-               double timeout, double stall) {
+void take_turn(std::unique_lock<std::mutex>& run_lock, std::string_view api, const Strategy& strategy, double timeout,
+               double stall) {
   if (run_lock.try_lock()) return;
   // Another run of this strategy is in progress on another thread. A thread
   // that one of its replicas started, and waits for, would wait here for

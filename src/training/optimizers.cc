@@ -1,11 +1,10 @@
 #include "distribute/optimizers.h"
 
-#include "core/kernel_clones.h"
-
 #include <chrono>
 #include <cmath>
 #include <string>
 
+#include "core/kernel_clones.h"
 #include "distribute/context.h"
 #include "distribute/replica_context.h"
 
@@ -25,7 +24,8 @@ void check_pairs(const std::vector<GradientAndVariable>& grads_and_vars, const S
     var.check_strategy(strategy, "apply_gradients");
     if (var.dtype() != DType::kFloat32 && var.dtype() != DType::kFloat64) {
       throw InvalidArgumentError("apply_gradients: variable '" + var.name() + "' has dtype " +
-                                 std::string(to_string(var.dtype())) + "; optimizers update float32 and float64 "
+                                 std::string(to_string(var.dtype())) +
+                                 "; optimizers update float32 and float64 "
                                  "variables");
     }
     if (grad.dtype() != var.dtype() || grad.shape() != var.shape()) {
@@ -49,9 +49,9 @@ void check_same_variables(const PerReplica<std::vector<GradientAndVariable>>& pe
     }
     for (std::size_t k = 0; k < first.size(); ++k) {
       if (!(other[k].second == first[k].second)) {
-        throw InvalidArgumentError("apply_gradients: variable " + std::to_string(k) + " is '" +
-                                   first[k].second.name() + "' on replica " + std::to_string(s.first_replica_id()) +
-                                   " but '" + other[k].second.name() + "' on " + who);
+        throw InvalidArgumentError("apply_gradients: variable " + std::to_string(k) + " is '" + first[k].second.name() +
+                                   "' on replica " + std::to_string(s.first_replica_id()) + " but '" +
+                                   other[k].second.name() + "' on " + who);
       }
     }
   }
@@ -65,8 +65,9 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
                                 const CommunicationOptions& options) {
   ReplicaContext* ctx = get_replica_context();
   if (ctx == nullptr) {
-    throw FailedPreconditionError("`apply_gradients()` cannot be called in cross-replica context. Use "
-                                  "`tf.distribute.Strategy.run` to enter replica context.");
+    throw FailedPreconditionError(
+        "`apply_gradients()` cannot be called in cross-replica context. Use "
+        "`tf.distribute.Strategy.run` to enter replica context.");
   }
   check_pairs(grads_and_vars, ctx->strategy());
   using Clock = std::chrono::steady_clock;
@@ -115,7 +116,9 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
     apply_dense(var.mutable_component(i), summed[k], slot_components, plan->step);
   }
   if (timed) {
-    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    auto seconds = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
     timings_.merge_call_seconds += seconds(t0, t1);
     timings_.all_reduce_seconds += seconds(t1, t2);
     timings_.update_seconds += seconds(t2, Clock::now());
@@ -195,8 +198,8 @@ DISTRIBUTE_KERNEL_CLONES void adam_update(float* w, const float* g, float* m, fl
                                           float beta_1, float beta_2, float epsilon) {
   adam_kernel(w, g, m, v, n, alpha, beta_1, beta_2, epsilon);
 }
-DISTRIBUTE_KERNEL_CLONES void adam_update(double* w, const double* g, double* m, double* v, std::size_t n,
-                                          double alpha, double beta_1, double beta_2, double epsilon) {
+DISTRIBUTE_KERNEL_CLONES void adam_update(double* w, const double* g, double* m, double* v, std::size_t n, double alpha,
+                                          double beta_1, double beta_2, double epsilon) {
   adam_kernel(w, g, m, v, n, alpha, beta_1, beta_2, epsilon);
 }
 
@@ -214,9 +217,9 @@ void SGD::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Ten
   float_types(var.dtype(), [&](auto tag) {
     using T = decltype(tag);
     sgd_update(var.mutable_flat<T>().data(), grad.flat<T>().data(),
-                  slots.empty() ? nullptr : slots[0].mutable_flat<T>().data(),
-                  static_cast<std::size_t>(var.num_elements()), static_cast<T>(options_.learning_rate),
-                  static_cast<T>(options_.momentum), options_.nesterov);
+               slots.empty() ? nullptr : slots[0].mutable_flat<T>().data(),
+               static_cast<std::size_t>(var.num_elements()), static_cast<T>(options_.learning_rate),
+               static_cast<T>(options_.momentum), options_.nesterov);
   });
 }
 
@@ -234,17 +237,15 @@ Adam::Adam(Options options) : options_(options) {
 
 std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
 
-void Adam::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots,
-                       std::int64_t step) const {
+void Adam::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t step) const {
   const double t = static_cast<double>(step);
-  const double alpha = options_.learning_rate * std::sqrt(1 - std::pow(options_.beta_2, t)) /
-                       (1 - std::pow(options_.beta_1, t));
+  const double alpha =
+      options_.learning_rate * std::sqrt(1 - std::pow(options_.beta_2, t)) / (1 - std::pow(options_.beta_1, t));
   float_types(var.dtype(), [&](auto tag) {
     using T = decltype(tag);
     adam_update(var.mutable_flat<T>().data(), grad.flat<T>().data(), slots[0].mutable_flat<T>().data(),
-                   slots[1].mutable_flat<T>().data(), static_cast<std::size_t>(var.num_elements()),
-                   static_cast<T>(alpha), static_cast<T>(options_.beta_1), static_cast<T>(options_.beta_2),
-                   static_cast<T>(options_.epsilon));
+                slots[1].mutable_flat<T>().data(), static_cast<std::size_t>(var.num_elements()), static_cast<T>(alpha),
+                static_cast<T>(options_.beta_1), static_cast<T>(options_.beta_2), static_cast<T>(options_.epsilon));
   });
 }
 

@@ -62,10 +62,10 @@ void check_same_variable(const PerReplica<Variable>& vars, std::string_view api)
   for (std::size_t i = 1; i < vars.size(); ++i) {
     if (!(vars.values()[i] == first)) {
       const int base = first.distribute_strategy().first_replica_id();
-      throw InvalidArgumentError(std::string(api) + ": the replicas of one merge_call wrote different variables: replica " +
-                                 std::to_string(base) + " wrote '" + first.name() + "', replica " +
-                                 std::to_string(base + static_cast<int>(i)) + " wrote '" + vars.values()[i].name() +
-                                 "'");
+      throw InvalidArgumentError(
+          std::string(api) + ": the replicas of one merge_call wrote different variables: replica " +
+          std::to_string(base) + " wrote '" + first.name() + "', replica " +
+          std::to_string(base + static_cast<int>(i)) + " wrote '" + vars.values()[i].name() + "'");
     }
   }
 }
@@ -88,9 +88,9 @@ Where where(const Strategy& s, const std::string& name, std::string_view api) {
   if (internal::mode_stack().empty()) return {Context::kCrossReplica};
   if (mode.replica != nullptr && mode.strategy == &s) return {Context::kReplica, mode.replica};
   if (mode.cross_replica == &s) return {Context::kCrossReplica};
-  throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: " +
-                                internal::strategies_apart(*mode.strategy, s) + " (variable '" + name + "', " +
-                                std::string(api) + ")");
+  throw FailedPreconditionError(
+      "Mixing different tf.distribute.Strategy objects: " + internal::strategies_apart(*mode.strategy, s) +
+      " (variable '" + name + "', " + std::string(api) + ")");
 }
 
 // A SUM assign in a replica context where every replica in sync passes the
@@ -122,8 +122,8 @@ void refuse_one_value_sum(Strategy& s, const Variable& var, const PerReplica<Ten
   }
   try {
     throw InvalidArgumentError(
-        "A non-DistributedValues value " + (first.num_elements() <= 16 ? first.to_list_string()
-                                                                      : "of shape " + first.shape().to_string()) +
+        "A non-DistributedValues value " +
+        (first.num_elements() <= 16 ? first.to_list_string() : "of shape " + first.shape().to_string()) +
         " cannot be reduced with the given reduce op SUM. (variable '" + var.name() +
         "': every replica assigned the same value to a SUM-aggregated MirroredVariable, which TensorFlow takes as "
         "one value, not one per replica: assign it in the cross-replica context, or aggregate with MEAN or "
@@ -196,28 +196,33 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
   std::optional<InvalidArgumentError> refused;
   try {
     if (required != VariableSynchronization::kAuto && sync != VariableSynchronization::kAuto && sync != required) {
-      throw InvalidArgumentError(std::string(required == VariableSynchronization::kOnRead ? "SyncOnReadVariable"
-                                                                                           : "MirroredVariable") +
-                                 " '" + st->name + "' needs synchronization " + std::string(to_string(required)) +
-                                 " (or AUTO), not " + std::string(to_string(sync)));
+      throw InvalidArgumentError(
+          std::string(required == VariableSynchronization::kOnRead ? "SyncOnReadVariable" : "MirroredVariable") + " '" +
+          st->name + "' needs synchronization " + std::string(to_string(required)) + " (or AUTO), not " +
+          std::string(to_string(sync)));
     }
     if (sync == VariableSynchronization::kAuto) {
       sync = required == VariableSynchronization::kAuto ? VariableSynchronization::kOnWrite : required;
     }
     if (sync == VariableSynchronization::kNone && distributed) {
-      throw InvalidArgumentError("`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
-                                 "Please change the `synchronization` for variable: " + st->name);
+      throw InvalidArgumentError(
+          "`NONE` variable synchronization mode is not supported with tf.distribute strategy. "
+          "Please change the `synchronization` for variable: " +
+          st->name);
     }
     trainable = options.trainable.value_or(sync != VariableSynchronization::kOnRead);
     if (trainable && sync == VariableSynchronization::kOnRead) {
-      throw InvalidArgumentError("Synchronization value can be set to VariableSynchronization.ON_READ only for "
-                                 "non-trainable variables. You have specified trainable=True and "
-                                 "synchronization=VariableSynchronization.ON_READ (variable '" + st->name + "').");
+      throw InvalidArgumentError(
+          "Synchronization value can be set to VariableSynchronization.ON_READ only for "
+          "non-trainable variables. You have specified trainable=True and "
+          "synchronization=VariableSynchronization.ON_READ (variable '" +
+          st->name + "').");
     }
     if (distributed && options.aggregation == VariableAggregation::kMean && !is_floating(initial_value.dtype())) {
-      throw InvalidArgumentError("creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is "
-                                 "not supported, please use a different aggregation or dtype (variable '" + st->name +
-                                 "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
+      throw InvalidArgumentError(
+          "creating distributed tf.Variable with aggregation=MEAN and a non-floating dtype is "
+          "not supported, please use a different aggregation or dtype (variable '" +
+          st->name + "' has dtype " + std::string(to_string(initial_value.dtype())) + ")");
     }
   } catch (const InvalidArgumentError& e) {
     refused = e;
@@ -261,8 +266,8 @@ std::size_t Variable::size() const { return state_->components.size(); }
 void Variable::check_strategy(const Strategy& s, std::string_view api) const {
   if (!state_->ref->is(s)) {
     throw FailedPreconditionError("Mixing different tf.distribute.Strategy objects: variable '" + state_->name +
-                                  "' belongs to " + internal::strategies_apart(state_->strategy(), s, ", not ") +
-                                  " (" + std::string(api) + ")");
+                                  "' belongs to " + internal::strategies_apart(state_->strategy(), s, ", not ") + " (" +
+                                  std::string(api) + ")");
   }
 }
 
@@ -275,9 +280,8 @@ void Variable::check_component(std::size_t i, std::string_view api, const Tensor
     c = before;  // the component's own tensor (what fn wrote into it, if anything, stays)
     throw InvalidArgumentError(std::string(api) + " of variable '" + state_->name + "' replaced component " +
                                std::to_string(i) + " (" + std::string(to_string(state_->dtype)) +
-                               state_->shape.to_string() + ") with a tensor of " +
-                               std::string(to_string(bad.dtype())) + bad.shape().to_string() +
-                               "; the component keeps its tensor from before the update");
+                               state_->shape.to_string() + ") with a tensor of " + std::string(to_string(bad.dtype())) +
+                               bad.shape().to_string() + "; the component keeps its tensor from before the update");
   }
   // A replacement held elsewhere too: read-only (an argument every replica
   // received whole), or storage someone else also holds (a writable
@@ -352,7 +356,8 @@ void Variable::write(Write kind_enum, const Tensor& value) {
       if (kind != 0) {
         throw InvalidArgumentError("SyncOnReadVariable does not support `" + api +
                                    "` in cross-replica context when aggregation is set to "
-                                   "`tf.VariableAggregation.SUM` (variable '" + st.name + "').");
+                                   "`tf.VariableAggregation.SUM` (variable '" +
+                                   st.name + "').");
       }
       // So that the cross-replica read (a SUM) gives back the value assigned.
       v = internal::divided(value, st.strategy().num_replicas_in_sync());
@@ -366,11 +371,13 @@ void Variable::write(Write kind_enum, const Tensor& value) {
     throw InvalidArgumentError(
         "You must specify an aggregation method to update a MirroredVariable in Replica Context. You can do so by "
         "passing an explicit value for argument `aggregation` to tf.Variable(..).e.g. `tf.Variable(..., "
-        "aggregation=tf.VariableAggregation.SUM)` (variable '" + st.name + "', " + api + ")");
+        "aggregation=tf.VariableAggregation.SUM)` (variable '" +
+        st.name + "', " + api + ")");
   }
   // (MEAN of a non-float variable cannot reach here: creation refuses it.)
   w.replica->merge_call(
-      [](Strategy& s, const PerReplica<Variable>& vars, const PerReplica<int>& kinds, const PerReplica<Tensor>& values) {
+      [](Strategy& s, const PerReplica<Variable>& vars, const PerReplica<int>& kinds,
+         const PerReplica<Tensor>& values) {
         const int k = kinds.primary();
         internal::check_same_variable(vars, write_name(k));
         for (std::size_t i = 1; i < kinds.size(); ++i) {
@@ -409,8 +416,8 @@ std::string Variable::repr() const {
            " dtype=" + std::string(to_string(c.dtype())) + ", numpy=" + c.numpy_repr() + ">";
   };
   if (st.plain) return one(0);
-  std::string s = st.synchronization == VariableSynchronization::kOnRead ? "SyncOnReadVariable:{\n"
-                                                                          : "MirroredVariable:{\n";
+  std::string s =
+      st.synchronization == VariableSynchronization::kOnRead ? "SyncOnReadVariable:{\n" : "MirroredVariable:{\n";
   for (std::size_t i = 0; i < st.components.size(); ++i) {
     s += "  " + std::to_string(i) + ": " + one(i) + (i + 1 < st.components.size() ? ",\n" : "\n");
   }

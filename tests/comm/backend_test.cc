@@ -33,15 +33,14 @@ TEST(BackendTest, InProcessGroupHasOneThreadsMemberPerReplica) {
   std::vector<float> out(3, 0);
   const auto errors = testing::run_threads(3, [&](int r) {
     const float in = static_cast<float>(r + 1);
-    group.members[static_cast<std::size_t>(r)]->all_reduce(&in, &out[static_cast<std::size_t>(r)], 1,
-                                                           DType::kFloat32, ReduceOp::kSum, test_call(1));
+    group.members[static_cast<std::size_t>(r)]->all_reduce(&in, &out[static_cast<std::size_t>(r)], 1, DType::kFloat32,
+                                                           ReduceOp::kSum, test_call(1));
   });
   for (const auto& e : errors) EXPECT_FALSE(e) << testing::message_of(e);
   EXPECT_EQ(out, (std::vector<float>{6, 6, 6}));
   group.rendezvous->abort(ErrorCode::kAborted, "test: aborted through the rendezvous", 1);
   float in = 1, one = 0;
-  EXPECT_THROW(group.members[0]->all_reduce(&in, &one, 1, DType::kFloat32, ReduceOp::kSum, test_call(2)),
-               AbortedError);
+  EXPECT_THROW(group.members[0]->all_reduce(&in, &one, 1, DType::kFloat32, ReduceOp::kSum, test_call(2)), AbortedError);
 }
 
 // Two workers, threads standing for processes, linked by an in-process
@@ -87,8 +86,8 @@ TEST(BackendTest, BackendsReachHostMemoryOnly) {
   const BufferPlace host{};
   const BufferPlace cuda{.kind = MemoryKind::kCuda, .device_index = 1};
   ReplicaGroup in_process = make_replica_group({.replicas = 2});
-  ReplicaGroup across = make_replica_group(
-      {.kind = BackendKind::kAcrossWorkers, .replicas = 1, .workers = in_process.members[0].get()});
+  ReplicaGroup across =
+      make_replica_group({.kind = BackendKind::kAcrossWorkers, .replicas = 1, .workers = in_process.members[0].get()});
   for (const Communicator* m : {in_process.members[0].get(), across.members[0].get()}) {
     EXPECT_TRUE(m->reaches(host)) << m->backend_name();
     EXPECT_FALSE(m->reaches(cuda)) << m->backend_name();

@@ -43,7 +43,8 @@ struct Cluster {
   // Runs f(rank, communicator) on every member; fails the test on any exception.
   void run(const std::function<void(int, Communicator&)>& f) {
     const auto errors = run_threads(size(), [&](int r) { f(r, *members[static_cast<std::size_t>(r)]); });
-    for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_FALSE(errors[r]) << "rank " << r << ": " << message_of(errors[r]);
+    for (std::size_t r = 0; r < errors.size(); ++r)
+      EXPECT_FALSE(errors[r]) << "rank " << r << ": " << message_of(errors[r]);
   }
   // Each rank's output of a shared collective is its worker leader's if
   // `shared`, its own otherwise, and never another worker's.
@@ -77,7 +78,8 @@ TEST_P(HierarchicalTest, ExchangeGivesEveryPayloadInRankOrder) {
   cluster.run([&](int r, Communicator& c) {
     const auto all = c.exchange("payload of " + std::to_string(r), call);
     ASSERT_EQ(all.size(), static_cast<std::size_t>(cluster.size()));
-    for (int q = 0; q < cluster.size(); ++q) EXPECT_EQ(all[static_cast<std::size_t>(q)], "payload of " + std::to_string(q));
+    for (int q = 0; q < cluster.size(); ++q)
+      EXPECT_EQ(all[static_cast<std::size_t>(q)], "payload of " + std::to_string(q));
   });
 }
 
@@ -113,8 +115,9 @@ TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput)
   // SharedAllReduceTest.ShareReduceAboveIsWhereTheOutputIsShared checks the
   // setting the local step is given.)
   for (const std::size_t count : {std::size_t{3}, std::size_t{2000}, std::size_t{100000}}) {
-    for (const auto& [dtype, op] : {std::pair{DType::kFloat64, ReduceOp::kMean}, std::pair{DType::kInt32, ReduceOp::kSum},
-                                    std::pair{DType::kInt8, ReduceOp::kMean}}) {
+    for (const auto& [dtype, op] :
+         {std::pair{DType::kFloat64, ReduceOp::kMean}, std::pair{DType::kInt32, ReduceOp::kSum},
+          std::pair{DType::kInt8, ReduceOp::kMean}}) {
       SCOPED_TRACE(std::to_string(count) + " " + std::string(to_string(dtype)) + " " + std::string(to_string(op)));
       std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(n));
       cluster.run([&](int r, Communicator& c) {
@@ -140,10 +143,9 @@ TEST_P(HierarchicalTest, AllReduceSharedReducesEveryRankAndSharesAWorkersOutput)
           EXPECT_EQ(have, want) << k;
         }
       });
-      const bool shared =
-          SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype),
-                                                  HierarchicalCommunicator::kShareReduceBytes) &&
-          dtype != DType::kInt8;
+      const bool shared = SharedMemoryCommunicator::shares_reduce(cluster.local, count * size_of(dtype),
+                                                                  HierarchicalCommunicator::kShareReduceBytes) &&
+                          dtype != DType::kInt8;
       cluster.expect_shared_within_workers(out, shared);
     }
   }
@@ -185,7 +187,8 @@ TEST_P(HierarchicalTest, AllGatherVSharedLaysOutRowsInRankOrderAndSharesAWorkers
       const std::size_t mine = counts[static_cast<std::size_t>(r)];
       std::vector<std::int32_t> send(outer * mine);
       for (std::size_t o = 0; o < outer; ++o) {
-        for (std::size_t k = 0; k < mine; ++k) send[o * mine + k] = static_cast<std::int32_t>(100000 * o + 10000 * r + k);
+        for (std::size_t k = 0; k < mine; ++k)
+          send[o * mine + k] = static_cast<std::int32_t>(100000 * o + 10000 * r + k);
       }
       out[static_cast<std::size_t>(r)] = c.all_gather_v_shared(send.data(), counts, outer, DType::kInt32, call);
       const auto* got = reinterpret_cast<const std::int32_t*>(out[static_cast<std::size_t>(r)].get());
@@ -385,28 +388,28 @@ TEST_P(HierarchicalTest, AbortReachesEveryWorker) {
 // nobody waits for ever.
 TEST_P(HierarchicalTest, AbortReachesEveryWorkerInASharedGather) {
   for (const std::size_t count : {std::size_t{3}, std::size_t{3000}}) {
-  for (const bool reduce : {false, true}) {
-    Cluster fresh(cluster.workers, cluster.local);
-    fresh.run([&](int r, Communicator& c) {
-      if (r == fresh.size() - 1) {
-        c.abort(ErrorCode::kAborted, "member " + std::to_string(r) + " gave up", r);
-        return;
-      }
-      const std::vector<std::size_t> counts(static_cast<std::size_t>(fresh.size()), count);
-      const std::vector<float> send(count, 1.f);
-      try {
-        if (reduce) {
-          const Communicator::Segment whole{.send = send.data(), .count = count};
-          c.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, call);
-        } else {
-          c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
+    for (const bool reduce : {false, true}) {
+      Cluster fresh(cluster.workers, cluster.local);
+      fresh.run([&](int r, Communicator& c) {
+        if (r == fresh.size() - 1) {
+          c.abort(ErrorCode::kAborted, "member " + std::to_string(r) + " gave up", r);
+          return;
         }
-        ADD_FAILURE() << "rank " << r << " finished a collective the last rank never joined";
-      } catch (const AbortedError& e) {
-        EXPECT_NE(e.message().find("gave up"), std::string::npos) << e.message();
-      }
-    });
-  }
+        const std::vector<std::size_t> counts(static_cast<std::size_t>(fresh.size()), count);
+        const std::vector<float> send(count, 1.f);
+        try {
+          if (reduce) {
+            const Communicator::Segment whole{.send = send.data(), .count = count};
+            c.all_reduce_shared({&whole, 1}, DType::kFloat32, ReduceOp::kSum, call);
+          } else {
+            c.all_gather_v_shared(send.data(), counts, 1, DType::kFloat32, call);
+          }
+          ADD_FAILURE() << "rank " << r << " finished a collective the last rank never joined";
+        } catch (const AbortedError& e) {
+          EXPECT_NE(e.message().find("gave up"), std::string::npos) << e.message();
+        }
+      });
+    }
   }
 }
 
@@ -414,8 +417,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalTest,
                          ::testing::Values(std::pair{1, 1}, std::pair{1, 3}, std::pair{2, 1}, std::pair{2, 2},
                                            std::pair{3, 2}, std::pair{2, 3}),
                          [](const auto& param_info) {
-                           return std::to_string(param_info.param.first) + "workers_x" + std::to_string(param_info.param.second) +
-                                  "local";
+                           return std::to_string(param_info.param.first) + "workers_x" +
+                                  std::to_string(param_info.param.second) + "local";
                          });
 
 TEST(PayloadListTest, RoundTrips) {

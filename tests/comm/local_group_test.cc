@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
-#include <string>
-#include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "testing/scoped_env.h"
@@ -34,7 +34,8 @@ TEST(LocalGroupTest, EveryMemberSeesEveryEntryInMemberOrder) {
       for (int round = 0; round < 50; ++round) {
         const auto& entries = group.arrive(r, {.payload = std::to_string(r * 1000 + round)}, call("test", 1));
         ASSERT_EQ(entries.size(), static_cast<std::size_t>(n));
-        for (int q = 0; q < n; ++q) EXPECT_EQ(entries[static_cast<std::size_t>(q)].payload, std::to_string(q * 1000 + round));
+        for (int q = 0; q < n; ++q)
+          EXPECT_EQ(entries[static_cast<std::size_t>(q)].payload, std::to_string(q * 1000 + round));
       }
     });
     for (auto& e : errors) EXPECT_FALSE(e) << message_of(e);
@@ -234,7 +235,8 @@ TEST(LocalGroupTest, SmallRoundsAmongOrdinaryOnesSeeEveryMembersBytes) {
             const auto data = group.arrive_small(r, &mine, sizeof mine, call("test", round));
             ASSERT_EQ(data.size(), static_cast<std::size_t>(n));
             for (int q = 0; q < n; ++q) {
-              EXPECT_EQ(small_value(data[static_cast<std::size_t>(q)]), static_cast<std::uint64_t>(q) * 1000000 + round);
+              EXPECT_EQ(small_value(data[static_cast<std::size_t>(q)]),
+                        static_cast<std::uint64_t>(q) * 1000000 + round);
             }
           }
         }
@@ -374,7 +376,8 @@ TEST(LocalGroupTest, SmallRoundsFailAsOrdinaryOnesDo) {
   {
     LocalGroup group(3);
     const std::uint64_t junk = ~std::uint64_t{0};
-    auto errors = abort_while_two_wait(group, [&](int r) { group.arrive_small(r, &junk, sizeof junk, call("barrier", 1, 0)); });
+    auto errors =
+        abort_while_two_wait(group, [&](int r) { group.arrive_small(r, &junk, sizeof junk, call("barrier", 1, 0)); });
     for (auto& e : errors) {
       ASSERT_TRUE(e);
       EXPECT_EQ(message_of(e), "replica 2 failed");
@@ -460,8 +463,7 @@ TEST(LocalGroupTest, MemberThatIsDoneFailsTheRoundAtOnce) {
     group.arrive(0, {}, call("all_reduce", 3, 0));
     FAIL() << "expected FailedPreconditionError";
   } catch (const FailedPreconditionError& e) {
-    EXPECT_NE(std::string(e.what()).find("all_reduce #3 can never complete: replica(s) 1 returned"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("all_reduce #3 can never complete: replica(s) 1 returned"), std::string::npos)
         << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
@@ -623,7 +625,7 @@ TEST_F(LocalGroupRaceTest, AMemberThatLeftOnAnAbortCannotBeCountedIntoACompleteR
   });
   while (!waiting.load()) std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // member 1 is in its wait
-  const std::uint64_t round = publish(group, 0, c);             // past arrive()'s failure check
+  const std::uint64_t round = publish(group, 0, c);            // past arrive()'s failure check
   group.abort(ErrorCode::kAborted, "stop", 1);
   waiter.join();  // member 1 has left the round
   ASSERT_TRUE(waiter_error);

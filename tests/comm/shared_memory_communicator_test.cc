@@ -14,8 +14,8 @@
 #include <memory>
 #include <new>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -64,9 +64,9 @@ TEST_P(AllReduceTest, MatchesReferenceOnEveryRankInAndOutOfPlace) {
   const std::size_t own = SharedMemoryCommunicator::kShareReduceBytes / size_of(dtype);
   for (int n : {1, 2, 3, 4, 7, 8}) {
     // 255/256/257 straddle the 1 KiB latency path for 4-byte types.
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, one_line, one_line + 1, std::size_t{255},
-                              std::size_t{256}, std::size_t{257}, latency, latency + 1, std::size_t{1000}, own,
-                              own + 1, std::size_t{65537}}) {
+    for (std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{7}, one_line, one_line + 1, std::size_t{255}, std::size_t{256},
+          std::size_t{257}, latency, latency + 1, std::size_t{1000}, own, own + 1, std::size_t{65537}}) {
       if (count == 65537 && own + 1 == 65537) continue;  // (1-byte dtypes: run just above)
       for (std::size_t stream_from : {kNeverStream, std::size_t{1}}) {
         // Up to 1 KiB (the latency path) nothing streams: run it once.
@@ -231,9 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ReduceScatterTest,
 // Messages of many chunks, one byte short of where streaming starts (normal
 // stores) and just there (streaming).
 TEST(AllReduceLargeTest, LargeMessagesMatchReference) {
-  const std::tuple<DType, ReduceOp, int> cases[] = {{DType::kFloat32, ReduceOp::kSum, 2},
-                                                    {DType::kInt8, ReduceOp::kMean, 3},
-                                                    {DType::kFloat16, ReduceOp::kMax, 2}};
+  const std::tuple<DType, ReduceOp, int> cases[] = {
+      {DType::kFloat32, ReduceOp::kSum, 2}, {DType::kInt8, ReduceOp::kMean, 3}, {DType::kFloat16, ReduceOp::kMax, 2}};
   for (const auto& [dtype, op, n] : cases) {
     const std::size_t count = (std::size_t{2} << 20) / size_of(dtype) + 5;  // 32 chunks and more
     const std::size_t bytes = count * size_of(dtype);
@@ -301,14 +300,16 @@ TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
           const std::size_t esz = size_of(dtype);
           auto group = std::make_shared<LocalGroup>(n);
           // send[r][s], recv[r][s]; element i of the concatenation is input_value(r, i)
-          std::vector<std::vector<std::vector<std::byte>>> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+          std::vector<std::vector<std::vector<std::byte>>> send(static_cast<std::size_t>(n)),
+              recv(static_cast<std::size_t>(n));
           for (int r = 0; r < n; ++r) {
             std::size_t base = 0;
             for (std::size_t c : seg_counts) {
               std::vector<std::byte> in(c * esz + 1), out(c * esz + 1);
               visit_dtype(dtype, [&](auto tag) {
                 using T = decltype(tag);
-                for (std::size_t i = 0; i < c; ++i) reinterpret_cast<T*>(in.data())[i] = to_dtype<T>(input_value(dtype, r, base + i));
+                for (std::size_t i = 0; i < c; ++i)
+                  reinterpret_cast<T*>(in.data())[i] = to_dtype<T>(input_value(dtype, r, base + i));
               });
               send[static_cast<std::size_t>(r)].push_back(std::move(in));
               recv[static_cast<std::size_t>(r)].push_back(std::move(out));
@@ -320,7 +321,8 @@ TEST(AllReduceSegmentsTest, MatchesReferenceAcrossSegmentBoundaries) {
             SharedMemoryCommunicator comm(group, r, streaming ? 1 : kNeverStream);
             std::vector<Communicator::Segment> segments;
             for (std::size_t s = 0; s < seg_counts.size(); ++s) {
-              segments.push_back({send[static_cast<std::size_t>(r)][s].data(), recv[static_cast<std::size_t>(r)][s].data(), seg_counts[s]});
+              segments.push_back({send[static_cast<std::size_t>(r)][s].data(),
+                                  recv[static_cast<std::size_t>(r)][s].data(), seg_counts[s]});
             }
             comm.all_reduce_segments(segments, dtype, op, call("all_reduce"));
             // The same pack into one output (the segments' recv unused).
@@ -371,7 +373,8 @@ TEST_P(GatherTest, RaggedRowsLandInRankOrderWithinEachOuterRow) {
       counts.push_back(static_cast<std::size_t>(r) + base);
       row += counts.back();
     }
-    std::vector<std::vector<std::int32_t>> recv(static_cast<std::size_t>(n), std::vector<std::int32_t>(outer * row + 1));
+    std::vector<std::vector<std::int32_t>> recv(static_cast<std::size_t>(n),
+                                                std::vector<std::int32_t>(outer * row + 1));
     auto errors = run_threads(n, [&](int r) {
       std::vector<std::int32_t> send;
       for (std::size_t o = 0; o < outer; ++o) {
@@ -389,7 +392,8 @@ TEST_P(GatherTest, RaggedRowsLandInRankOrderWithinEachOuterRow) {
       for (std::size_t o = 0; o < outer; ++o) {
         for (int q = 0; q < n; ++q) {
           for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
-            ASSERT_EQ(recv[static_cast<std::size_t>(r)][k], q * 1000000 + static_cast<int>(o) * 1000 + static_cast<int>(j))
+            ASSERT_EQ(recv[static_cast<std::size_t>(r)][k],
+                      q * 1000000 + static_cast<int>(o) * 1000 + static_cast<int>(j))
                 << "rank " << r << " outer " << o << " from " << q << " j " << j;
           }
         }
@@ -412,7 +416,8 @@ TEST(GatherTest, ContributionsAtTheEdgeOfASmallRound) {
       std::size_t total = 0;
       for (int r = 0; r < n; ++r) total += counts.emplace_back(largest - static_cast<std::size_t>(r) % 2);
       auto group = std::make_shared<LocalGroup>(n);
-      std::vector<std::vector<std::int32_t>> recv(static_cast<std::size_t>(n), std::vector<std::int32_t>(total + 1, -1));
+      std::vector<std::vector<std::int32_t>> recv(static_cast<std::size_t>(n),
+                                                  std::vector<std::int32_t>(total + 1, -1));
       auto errors = run_threads(n, [&](int r) {
         std::vector<std::int32_t> send(counts[static_cast<std::size_t>(r)]);
         for (std::size_t j = 0; j < send.size(); ++j) send[j] = r * 1000000 + static_cast<int>(j);
@@ -447,7 +452,8 @@ TEST(GatherLargeTest, BeyondInlineAndStreaming) {
     std::vector<std::vector<std::int32_t>> recv(n, std::vector<std::int32_t>(per_member * n));
     auto errors = run_threads(n, [&](int r) {
       std::vector<std::int32_t> send(per_member);
-      for (std::size_t j = 0; j < per_member; ++j) send[j] = static_cast<std::int32_t>(r * 1000000 + static_cast<int>(j));
+      for (std::size_t j = 0; j < per_member; ++j)
+        send[j] = static_cast<std::int32_t>(r * 1000000 + static_cast<int>(j));
       SharedMemoryCommunicator comm(group, r);
       comm.all_gather_v(send.data(), recv[static_cast<std::size_t>(r)].data(), counts, 1, DType::kInt32,
                         call("all_gather"));
@@ -491,14 +497,16 @@ TEST_P(SharedGatherTest, EveryMemberGetsTheGatherSharedFromTheThresholdOn) {
   const int n = GetParam();
   constexpr std::size_t kInlineInts = LocalGroup::kInlineBytes / sizeof(std::int32_t);
   // An output just past kStreamBytes, whatever the member count.
-  const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(std::int32_t) / static_cast<std::size_t>(n) + 1;
+  const std::size_t streaming =
+      SharedMemoryCommunicator::kStreamBytes / sizeof(std::int32_t) / static_cast<std::size_t>(n) + 1;
   struct Case {
     std::size_t largest;  // elements of the largest contribution's row
     std::size_t outer;
-    bool member0_empty;   // member 0 contributes nothing
+    bool member0_empty;  // member 0 contributes nothing
   };
-  const Case cases[] = {{kInlineInts, 1, false},     {kInlineInts + 1, 1, false}, {kInlineInts + 1, 1, true},
-                        {kInlineInts / 3 + 1, 3, false}, {kInlineInts / 3 + 1, 3, true}, {3000, 2, false},
+  const Case cases[] = {{kInlineInts, 1, false},        {kInlineInts + 1, 1, false},
+                        {kInlineInts + 1, 1, true},     {kInlineInts / 3 + 1, 3, false},
+                        {kInlineInts / 3 + 1, 3, true}, {3000, 2, false},
                         {streaming, 1, false}};
   auto group = std::make_shared<LocalGroup>(n);
   for (const Case& c : cases) {
@@ -523,7 +531,8 @@ TEST_P(SharedGatherTest, EveryMemberGetsTheGatherSharedFromTheThresholdOn) {
         std::vector<std::int32_t> send;
         for (std::size_t o = 0; o < c.outer; ++o) {
           for (std::size_t j = 0; j < counts[static_cast<std::size_t>(r)]; ++j) {
-            send.push_back(static_cast<std::int32_t>(r * 10000000 + static_cast<int>(o) * 100000 + static_cast<int>(j)));
+            send.push_back(
+                static_cast<std::int32_t>(r * 10000000 + static_cast<int>(o) * 100000 + static_cast<int>(j)));
           }
         }
         SharedMemoryCommunicator comm(group, r);
@@ -543,8 +552,8 @@ TEST_P(SharedGatherTest, EveryMemberGetsTheGatherSharedFromTheThresholdOn) {
             for (std::size_t j = 0; j < counts[static_cast<std::size_t>(q)]; ++j, ++k) {
               const int want = q * 10000000 + static_cast<int>(o) * 100000 + static_cast<int>(j);
               if (got[k] != want) {  // (no assertion per element: millions of them)
-                FAIL() << "member " << r << " outer " << o << " from " << q << " j " << j << ": " << got[k]
-                       << ", not " << want;
+                FAIL() << "member " << r << " outer " << o << " from " << q << " j " << j << ": " << got[k] << ", not "
+                       << want;
               }
             }
           }
@@ -595,8 +604,8 @@ TEST(SharedGatherTest, DifferentTagsThrowMismatchOnEveryMember) {
 // member holds one output and its last element is `want_last`.
 // (80 KB: past where each shared form starts to share.)
 constexpr std::size_t kSharedCallCount = 20000;
-using SharedCall = std::function<std::shared_ptr<std::byte>(SharedMemoryCommunicator&, const float*,
-                                                            const CollectiveCall&)>;
+using SharedCall =
+    std::function<std::shared_ptr<std::byte>(SharedMemoryCommunicator&, const float*, const CollectiveCall&)>;
 void expect_mismatch_then_one_output(const char* op, const SharedCall& shared_call, float want_last) {
   const int n = 3;
   auto group = std::make_shared<LocalGroup>(n);
@@ -868,14 +877,14 @@ TEST_P(SharedBroadcastTest, EveryMemberGetsTheRootsBytesSharedFromTheThresholdOn
   constexpr std::size_t kInlineInts = LocalGroup::kInlineBytes / sizeof(std::int32_t);
   const std::size_t streaming = SharedMemoryCommunicator::kStreamBytes / sizeof(std::int32_t) + 5;
   auto group = std::make_shared<LocalGroup>(n);
-  for (const std::size_t count : {std::size_t{0}, std::size_t{3}, kInlineInts, kInlineInts + 1, std::size_t{3001},
-                                  streaming}) {
+  for (const std::size_t count :
+       {std::size_t{0}, std::size_t{3}, kInlineInts, kInlineInts + 1, std::size_t{3001}, streaming}) {
     for (const int root : {0, n / 2, n - 1}) {
       if (count == streaming && root != n - 1) continue;  // one large case per member count is enough
       const std::size_t bytes = count * sizeof(std::int32_t);
       const bool shared = n > 1 && SharedMemoryCommunicator::shares_broadcast(bytes);
-      SCOPED_TRACE(std::to_string(n) + " members, root " + std::to_string(root) + ", " + std::to_string(bytes) +
-                   " B" + (shared ? ", shared" : ", not shared"));
+      SCOPED_TRACE(std::to_string(n) + " members, root " + std::to_string(root) + ", " + std::to_string(bytes) + " B" +
+                   (shared ? ", shared" : ", not shared"));
       const std::byte* first_block = nullptr;
       for (int repeat = 0; repeat < 2; ++repeat) {
         std::vector<std::shared_ptr<std::byte>> out(static_cast<std::size_t>(n));
@@ -1063,7 +1072,8 @@ TEST_P(AbortTest, NoMemberLeavesWhileAnotherStillUsesItsBuffers) {
       for (int i = 0; i < 3; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         run_call(comm, r, ones.data());
-        seconds[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        seconds[static_cast<std::size_t>(r)] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
     });
     const auto one_call = std::chrono::duration<double>(*std::max_element(seconds.begin(), seconds.end()));

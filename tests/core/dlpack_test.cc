@@ -4,9 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -129,10 +128,10 @@ TEST(DLPackTest, ImportMapsEveryDLPackDTypeByTheSpec) {
     DLDataType dl;
     DType want;
   };
-  const Case cases[] = {{{kDLInt, 8, 1}, DType::kInt8},        {{kDLInt, 16, 1}, DType::kInt16},
-                        {{kDLInt, 32, 1}, DType::kInt32},      {{kDLInt, 64, 1}, DType::kInt64},
-                        {{kDLUInt, 8, 1}, DType::kUInt8},      {{kDLFloat, 16, 1}, DType::kFloat16},
-                        {{kDLFloat, 32, 1}, DType::kFloat32},  {{kDLFloat, 64, 1}, DType::kFloat64},
+  const Case cases[] = {{{kDLInt, 8, 1}, DType::kInt8},         {{kDLInt, 16, 1}, DType::kInt16},
+                        {{kDLInt, 32, 1}, DType::kInt32},       {{kDLInt, 64, 1}, DType::kInt64},
+                        {{kDLUInt, 8, 1}, DType::kUInt8},       {{kDLFloat, 16, 1}, DType::kFloat16},
+                        {{kDLFloat, 32, 1}, DType::kFloat32},   {{kDLFloat, 64, 1}, DType::kFloat64},
                         {{kDLBfloat, 16, 1}, DType::kBFloat16}, {{6, 8, 1}, DType::kBool}};
   std::vector<std::uint64_t> buf(2);
   for (const Case& c : cases) {
@@ -310,15 +309,16 @@ TEST_P(DLPackBadDTypeTest, Rejected) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    UnsupportedBits, DLPackBadDTypeTest,
-    ::testing::Values(BadDType{"Int24", {kDLInt, 24, 1}}, BadDType{"Int1", {kDLInt, 1, 1}},
-                      BadDType{"UInt16", {kDLUInt, 16, 1}}, BadDType{"UInt32", {kDLUInt, 32, 1}},
-                      BadDType{"UInt64", {kDLUInt, 64, 1}}, BadDType{"Float8", {kDLFloat, 8, 1}},
-                      BadDType{"Float128", {kDLFloat, 128, 1}}, BadDType{"BFloat32", {kDLBfloat, 32, 1}},
-                      BadDType{"Bool16", {6, 16, 1}}, BadDType{"Complex64", {kDLComplex, 64, 1}},
-                      BadDType{"OpaqueHandle", {kDLOpaqueHandle, 64, 1}}, BadDType{"UnknownCode", {42, 32, 1}}),
-    [](const ::testing::TestParamInfo<BadDType>& p) { return std::string(p.param.name); });
+INSTANTIATE_TEST_SUITE_P(UnsupportedBits, DLPackBadDTypeTest,
+                         ::testing::Values(BadDType{"Int24", {kDLInt, 24, 1}}, BadDType{"Int1", {kDLInt, 1, 1}},
+                                           BadDType{"UInt16", {kDLUInt, 16, 1}}, BadDType{"UInt32", {kDLUInt, 32, 1}},
+                                           BadDType{"UInt64", {kDLUInt, 64, 1}}, BadDType{"Float8", {kDLFloat, 8, 1}},
+                                           BadDType{"Float128", {kDLFloat, 128, 1}},
+                                           BadDType{"BFloat32", {kDLBfloat, 32, 1}}, BadDType{"Bool16", {6, 16, 1}},
+                                           BadDType{"Complex64", {kDLComplex, 64, 1}},
+                                           BadDType{"OpaqueHandle", {kDLOpaqueHandle, 64, 1}},
+                                           BadDType{"UnknownCode", {42, 32, 1}}),
+                         [](const ::testing::TestParamInfo<BadDType>& p) { return std::string(p.param.name); });
 
 TEST(DLPackRejectTest, NonCpuDeviceIsUnimplemented) {
   std::vector<float> buf(2);

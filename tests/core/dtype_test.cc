@@ -58,19 +58,18 @@ TEST_P(DTypeFactsTest, SizeNameAndClassification) {
   EXPECT_EQ(is_integer(f.dtype), f.integer);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDTypes, DTypeFactsTest,
-    ::testing::Values(DTypeFacts{DType::kBool, 1, "bool", false, false},
-                      DTypeFacts{DType::kInt8, 1, "int8", false, true},
-                      DTypeFacts{DType::kUInt8, 1, "uint8", false, true},
-                      DTypeFacts{DType::kInt16, 2, "int16", false, true},
-                      DTypeFacts{DType::kInt32, 4, "int32", false, true},
-                      DTypeFacts{DType::kInt64, 8, "int64", false, true},
-                      DTypeFacts{DType::kFloat16, 2, "float16", true, false},
-                      DTypeFacts{DType::kBFloat16, 2, "bfloat16", true, false},
-                      DTypeFacts{DType::kFloat32, 4, "float32", true, false},
-                      DTypeFacts{DType::kFloat64, 8, "float64", true, false}),
-    [](const ::testing::TestParamInfo<DTypeFacts>& p) { return std::string(p.param.name); });
+INSTANTIATE_TEST_SUITE_P(AllDTypes, DTypeFactsTest,
+                         ::testing::Values(DTypeFacts{DType::kBool, 1, "bool", false, false},
+                                           DTypeFacts{DType::kInt8, 1, "int8", false, true},
+                                           DTypeFacts{DType::kUInt8, 1, "uint8", false, true},
+                                           DTypeFacts{DType::kInt16, 2, "int16", false, true},
+                                           DTypeFacts{DType::kInt32, 4, "int32", false, true},
+                                           DTypeFacts{DType::kInt64, 8, "int64", false, true},
+                                           DTypeFacts{DType::kFloat16, 2, "float16", true, false},
+                                           DTypeFacts{DType::kBFloat16, 2, "bfloat16", true, false},
+                                           DTypeFacts{DType::kFloat32, 4, "float32", true, false},
+                                           DTypeFacts{DType::kFloat64, 8, "float64", true, false}),
+                         [](const ::testing::TestParamInfo<DTypeFacts>& p) { return std::string(p.param.name); });
 
 TEST(DTypeTest, AllDTypesListsEveryEnumeratorOnce) {
   std::vector<DType> all(std::begin(kAllDTypes), std::end(kAllDTypes));
@@ -173,15 +172,15 @@ TEST(Float16Test, OverflowGoesToInfinity) {
 TEST(Float16Test, SubnormalsAndUnderflow) {
   const float tiny = std::ldexp(1.0f, -24);  // smallest subnormal half
   EXPECT_EQ(float16(tiny * 3).bits, 0x0003);
-  EXPECT_EQ(float16(-tiny * 1023).bits, 0x83ff);        // largest subnormal
-  EXPECT_EQ(float16(tiny * 0.5f).bits, 0x0000);         // halfway to 0: ties to even (0)
-  EXPECT_EQ(float16(-tiny * 0.5f).bits, 0x8000);        // keeps the sign
+  EXPECT_EQ(float16(-tiny * 1023).bits, 0x83ff);  // largest subnormal
+  EXPECT_EQ(float16(tiny * 0.5f).bits, 0x0000);   // halfway to 0: ties to even (0)
+  EXPECT_EQ(float16(-tiny * 0.5f).bits, 0x8000);  // keeps the sign
   EXPECT_EQ(float16(std::nextafter(tiny * 0.5f, 1.0f)).bits, 0x0001);
-  EXPECT_EQ(float16(tiny * 1.5f).bits, 0x0002);         // 1.5 ulp: ties to even (2)
-  EXPECT_EQ(float16(tiny * 2.5f).bits, 0x0002);         // 2.5 ulp: ties to even (2)
+  EXPECT_EQ(float16(tiny * 1.5f).bits, 0x0002);  // 1.5 ulp: ties to even (2)
+  EXPECT_EQ(float16(tiny * 2.5f).bits, 0x0002);  // 2.5 ulp: ties to even (2)
   EXPECT_EQ(float16(tiny * 2.25f).bits, 0x0002);
   EXPECT_EQ(float16(tiny * 2.75f).bits, 0x0003);
-  EXPECT_EQ(float16(tiny * 1023.5f).bits, 0x0400);      // rounds up into the smallest normal
+  EXPECT_EQ(float16(tiny * 1023.5f).bits, 0x0400);  // rounds up into the smallest normal
   EXPECT_EQ(float16(std::ldexp(1.0f, -30)).bits, 0x0000);
   EXPECT_EQ(float16(std::numeric_limits<float>::denorm_min()).bits, 0x0000);
 }
@@ -224,9 +223,12 @@ TEST(Float16Test, FromFloatPicksTheNearestHalf) {
       const std::size_t lo = hi - 1;
       const double dlo = x - halves[lo];
       const double dhi = hi < halves.size() ? halves[hi] - x : std::numeric_limits<double>::infinity();
-      if (dlo < dhi) want = static_cast<std::uint16_t>(lo);
-      else if (dhi < dlo) want = static_cast<std::uint16_t>(hi);
-      else want = static_cast<std::uint16_t>((lo & 1u) ? hi : lo);
+      if (dlo < dhi)
+        want = static_cast<std::uint16_t>(lo);
+      else if (dhi < dlo)
+        want = static_cast<std::uint16_t>(hi);
+      else
+        want = static_cast<std::uint16_t>((lo & 1u) ? hi : lo);
     }
     ASSERT_EQ(got, want) << "float bits 0x" << std::hex << u << " (" << x << ")";
     ASSERT_EQ(float16::from_float(-f), static_cast<std::uint16_t>(want | 0x8000u)) << std::hex << u;

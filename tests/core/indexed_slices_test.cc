@@ -4,11 +4,11 @@
 
 #include <gtest/gtest.h>
 
-#include "testing/errors.h"
-
 #include <limits>
 #include <sstream>
 #include <string>
+
+#include "testing/errors.h"
 
 namespace distribute {
 namespace {
@@ -61,8 +61,7 @@ TEST(IndexedSlicesTest, ValidationErrors) {
 TEST(IndexedSlicesTest, AcceptsInt32AndInt64IndicesAndEmptySlices) {
   EXPECT_NO_THROW(IndexedSlices(constant({{1.f, 2.f}}), constant({3}), Shape{10, 2}));
   EXPECT_NO_THROW(IndexedSlices(constant({{1.f, 2.f}}), constant({std::int64_t{9}}), Shape{10, 2}));
-  IndexedSlices none(constant(std::vector<float>{}, Shape{0, 2}), constant(std::vector<int>{}, Shape{0}),
-                     Shape{3, 2});
+  IndexedSlices none(constant(std::vector<float>{}, Shape{0, 2}), constant(std::vector<int>{}, Shape{0}), Shape{3, 2});
   Tensor d = none.to_dense();
   EXPECT_EQ(d, Tensor(DType::kFloat32, Shape{3, 2}));
 }

@@ -5,13 +5,12 @@
 
 #include <gtest/gtest.h>
 
-#include "testing/errors.h"
-
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "distribute/tensor.h"
+#include "testing/errors.h"
 
 namespace distribute {
 namespace {
@@ -21,11 +20,7 @@ using N = Nest<int>;
 using testing::error_message;
 
 // {'b': [1, 2], 'a': 0, 'c': (3, {'y': 5, 'x': 4})} given out of order.
-N sample() {
-  return N::dict({{"c", N::tuple({3, N::dict({{"y", 5}, {"x", 4}})})},
-                  {"b", N::list({1, 2})},
-                  {"a", 0}});
-}
+N sample() { return N::dict({{"c", N::tuple({3, N::dict({{"y", 5}, {"x", 4}})})}, {"b", N::list({1, 2})}, {"a", 0}}); }
 
 TEST(NestTest, KindsAndSizes) {
   N leaf = 7;
@@ -124,8 +119,7 @@ TEST(NestTest, StructureString) {
 }
 
 TEST(NestTest, DuplicateDictKeyThrows) {
-  const std::string msg =
-      error_message<InvalidArgumentError>([] { N::dict({{"k", 1}, {"j", 2}, {"k", 3}}); });
+  const std::string msg = error_message<InvalidArgumentError>([] { N::dict({{"k", 1}, {"j", 2}, {"k", 3}}); });
   EXPECT_NE(msg.find("'k'"), std::string::npos) << msg;
   EXPECT_NO_THROW(N::dict({{"k", 1}, {"K", 2}}));
 }
@@ -147,7 +141,7 @@ TEST(NestTest, IndexingErrors) {
   EXPECT_EQ(s["b"][std::size_t{1}].leaf(), 2);
   msg = error_message<OutOfRangeError>([&] { s["b"][-1]; });
   EXPECT_NE(msg.find("-1"), std::string::npos) << msg;
-  EXPECT_THROW(s["a"][1], InvalidArgumentError);      // a leaf has no children
+  EXPECT_THROW(s["a"][1], InvalidArgumentError);  // a leaf has no children
   EXPECT_THROW(s["a"]["x"], InvalidArgumentError);
   EXPECT_THROW(s["b"].leaf(), InvalidArgumentError);  // a list is not a leaf
   EXPECT_THROW(N(1).items(), InvalidArgumentError);
@@ -180,21 +174,24 @@ TEST(AssertSameStructureTest, NamesThePathOfTheFirstDifference) {
   EXPECT_NE(msg.find("leaf"), std::string::npos) << msg;
   EXPECT_NE(msg.find("list"), std::string::npos) << msg;
 
-  msg = error_message<InvalidArgumentError>(
-      [&] { assert_same_structure(a, N::dict({{"a", 0}, {"b", N::list({1, 2, 3})}})); });
+  msg = error_message<InvalidArgumentError>([&] {
+    assert_same_structure(a, N::dict({{"a", 0}, {"b", N::list({1, 2, 3})}}));
+  });
   EXPECT_NE(msg.find("['b']"), std::string::npos) << msg;
   EXPECT_NE(msg.find("2 and 3"), std::string::npos) << msg;
 
-  msg = error_message<InvalidArgumentError>(
-      [&] { assert_same_structure(a, N::dict({{"a", 0}, {"c", N::list({1, 2})}})); });
+  msg = error_message<InvalidArgumentError>([&] {
+    assert_same_structure(a, N::dict({{"a", 0}, {"c", N::list({1, 2})}}));
+  });
   EXPECT_NE(msg.find("'b'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'c'"), std::string::npos) << msg;
 
   msg = error_message<InvalidArgumentError>([&] { assert_same_structure(N::list({1}), N::tuple({1})); });
   EXPECT_NE(msg.find("the top level"), std::string::npos) << msg;
 
-  msg = error_message<InvalidArgumentError>(
-      [&] { assert_same_structure(N::list({N::tuple({1, 2})}), N::list({N::tuple({1, N::dict({{"k", 2}})})})); });
+  msg = error_message<InvalidArgumentError>([&] {
+    assert_same_structure(N::list({N::tuple({1, 2})}), N::list({N::tuple({1, N::dict({{"k", 2}})})}));
+  });
   EXPECT_NE(msg.find("[0][1]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("dict"), std::string::npos) << msg;
 }

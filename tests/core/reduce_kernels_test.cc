@@ -114,13 +114,20 @@ struct Scale {
 
 template <class T>
 Scale scale_for() {
-  if constexpr (std::is_same_v<T, std::int8_t> || std::is_same_v<T, std::uint8_t>) return {16, 13};
-  else if constexpr (std::is_same_v<T, std::int16_t>) return {1000, 1000};  // sums pass 32767: they wrap
-  else if constexpr (std::is_same_v<T, std::int32_t>) return {1000, 1000000};
-  else if constexpr (std::is_same_v<T, std::int64_t>) return {1000, 1000000000000};
-  else if constexpr (std::is_same_v<T, float16>) return {64, 16};  // all sums <= 2048
-  else if constexpr (std::is_same_v<T, bfloat16>) return {16, 4};  // all sums <= 256
-  else return {1000, 1000};
+  if constexpr (std::is_same_v<T, std::int8_t> || std::is_same_v<T, std::uint8_t>)
+    return {16, 13};
+  else if constexpr (std::is_same_v<T, std::int16_t>)
+    return {1000, 1000};  // sums pass 32767: they wrap
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return {1000, 1000000};
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return {1000, 1000000000000};
+  else if constexpr (std::is_same_v<T, float16>)
+    return {64, 16};  // all sums <= 2048
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return {16, 4};  // all sums <= 256
+  else
+    return {1000, 1000};
 }
 
 using MatrixParam = std::tuple<DType, ReduceOp>;
@@ -266,9 +273,10 @@ TEST(ReduceSourcesTest, IntegerMeanDoesNotOverflow) {
   EXPECT_EQ(reduce<std::int8_t>({{127}, {126}}, ReduceOp::kMean), std::vector<std::int8_t>{126});
   EXPECT_EQ(reduce<std::int8_t>({{-128}, {-128}}, ReduceOp::kMean), std::vector<std::int8_t>{-128});
   EXPECT_EQ(reduce<std::uint8_t>({{255}, {255}, {254}}, ReduceOp::kMean), std::vector<std::uint8_t>{254});
-  EXPECT_EQ(reduce<std::int32_t>({{std::numeric_limits<std::int32_t>::max()}, {std::numeric_limits<std::int32_t>::max()}},
-                                 ReduceOp::kMean),
-            std::vector<std::int32_t>{std::numeric_limits<std::int32_t>::max()});
+  EXPECT_EQ(
+      reduce<std::int32_t>({{std::numeric_limits<std::int32_t>::max()}, {std::numeric_limits<std::int32_t>::max()}},
+                           ReduceOp::kMean),
+      std::vector<std::int32_t>{std::numeric_limits<std::int32_t>::max()});
 }
 
 TEST(ReduceSourcesTest, IntegerMinMaxIncludeNegatives) {
@@ -337,7 +345,7 @@ void expect_min_max_propagate_nan() {
              {{nan}, {one}}, {{one}, {nan}}, {{one}, {nan}, {zero}}, {{zero}, {one}, {nan}}, {{nan}, {nan}}}) {
       const auto got = reduce<T>(srcs, op);
       EXPECT_TRUE(std::isnan(as_double(got[0]))) << to_string(dtype_of<T>()) << " " << to_string(op) << " of "
-                                                  << srcs.size() << " sources gave " << as_double(got[0]);
+                                                 << srcs.size() << " sources gave " << as_double(got[0]);
     }
     EXPECT_FALSE(std::isnan(as_double(reduce<T>({{one}, {zero}}, op)[0])));
   }
@@ -374,9 +382,10 @@ TEST(ReduceSourcesTest, MeanDivisor) {
   EXPECT_EQ(reduce<std::int32_t>({{4, -4}, {6, -6}}, ReduceOp::kMean, 4), (std::vector<std::int32_t>{2, -2}));
   EXPECT_EQ(reduce<float>({{4.f}, {6.f}}, ReduceOp::kMean, 4), std::vector<float>{2.5f});
   EXPECT_EQ(reduce<double>({{3.0}}, ReduceOp::kMean, 2), std::vector<double>{1.5});
-  EXPECT_EQ(reduce<std::int64_t>({{std::numeric_limits<std::int64_t>::max()}, {std::numeric_limits<std::int64_t>::max()}},
-                                 ReduceOp::kMean, 4),
-            std::vector<std::int64_t>{std::numeric_limits<std::int64_t>::max() / 2});
+  EXPECT_EQ(
+      reduce<std::int64_t>({{std::numeric_limits<std::int64_t>::max()}, {std::numeric_limits<std::int64_t>::max()}},
+                           ReduceOp::kMean, 4),
+      std::vector<std::int64_t>{std::numeric_limits<std::int64_t>::max() / 2});
   EXPECT_EQ(static_cast<float>(reduce<float16>({{float16(3.f)}}, ReduceOp::kMean, 4)[0]), 0.75f);
   // divisor 0 (or negative) means the number of sources
   EXPECT_EQ(reduce<float>({{4.f}, {6.f}}, ReduceOp::kMean, 0), std::vector<float>{5.f});
@@ -385,8 +394,8 @@ TEST(ReduceSourcesTest, MeanDivisor) {
   EXPECT_EQ(reduce<float>({{4.f}, {6.f}}, ReduceOp::kSum, 4), std::vector<float>{10.f});
   EXPECT_EQ(reduce<std::int32_t>({{4}, {6}}, ReduceOp::kMax, 4), std::vector<std::int32_t>{6});
   // bool: trunc(count_true / divisor) != 0
-  const std::vector<std::vector<bool>> three{{true, true, false, true}, {true, false, false, true},
-                                             {false, false, false, true}};
+  const std::vector<std::vector<bool>> three{
+      {true, true, false, true}, {true, false, false, true}, {false, false, false, true}};
   EXPECT_EQ(reduce_bools(three, ReduceOp::kMean, 2), (std::vector<bool>{true, false, false, true}));
   EXPECT_EQ(reduce_bools(three, ReduceOp::kMean, 1), (std::vector<bool>{true, true, false, true}));
   EXPECT_EQ(reduce_bools(three, ReduceOp::kMean, 3), (std::vector<bool>{false, false, false, true}));

@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
   // A throw, an early return or a departure is reported to the other
   // workers at once; a death is seen on this host at once too (elsewhere
   // the timeout finds it).
-  const double limit = plan.fault == Fault::kDie ? kTimeoutSeconds + kSlackSeconds
+  const double limit = plan.fault == Fault::kDie     ? kTimeoutSeconds + kSlackSeconds
                        : plan.fault == Fault::kLeave ? 2.0
                                                      : kSlackSeconds;
   char timing[64];

@@ -4,17 +4,17 @@
 
 #include <gtest/gtest.h>
 
-#include "core/storage.h"
-#include "testing/reduce_reference.h"
-
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <tuple>
+
+#include "core/storage.h"
+#include "testing/reduce_reference.h"
 
 namespace distribute::internal {
 namespace {
@@ -165,7 +165,8 @@ TEST(MpiCommunicatorTest, MixedCallsOutOfStepKeepEveryResult) {
       for (int q = 0; q < n; ++q) counts.push_back(count + static_cast<std::size_t>(q));
       std::vector<std::int32_t> send(counts[static_cast<std::size_t>(me)]);
       for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(me, i);
-      std::vector<std::int32_t> recv(count * static_cast<std::size_t>(n) + static_cast<std::size_t>(n * (n - 1) / 2), -1);
+      std::vector<std::int32_t> recv(count * static_cast<std::size_t>(n) + static_cast<std::size_t>(n * (n - 1) / 2),
+                                     -1);
       comm.all_gather_v(send.data(), recv.data(), counts, 1, DType::kInt32, c);
       std::size_t k = 0;
       for (int q = 0; q < n; ++q) {
@@ -182,7 +183,9 @@ TEST(MpiCommunicatorTest, MixedCallsOutOfStepKeepEveryResult) {
       comm.broadcast(buf.data(), count, DType::kInt32, root, c);
       for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], value(root, i)) << "element " << i;
     } else {
-      const auto payload = [&](int q) { return std::string(count + static_cast<std::size_t>(q), static_cast<char>('a' + (it + q) % 26)); };
+      const auto payload = [&](int q) {
+        return std::string(count + static_cast<std::size_t>(q), static_cast<char>('a' + (it + q) % 26));
+      };
       const std::vector<std::string> all = comm.exchange(payload(me), c);
       ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
       for (int q = 0; q < n; ++q) ASSERT_EQ(all[static_cast<std::size_t>(q)], payload(q)) << "rank " << q;
@@ -212,7 +215,8 @@ void expect_all_gather_v(MpiCommunicator& comm, const std::vector<std::size_t>& 
   };
   std::vector<std::int32_t> send;
   for (std::size_t o = 0; o < outer; ++o) {
-    for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j) send.push_back(value(comm.rank(), o, j));
+    for (std::size_t j = 0; j < counts[static_cast<std::size_t>(comm.rank())]; ++j)
+      send.push_back(value(comm.rank(), o, j));
   }
   std::size_t row = 0;
   for (std::size_t count : counts) row += count;
@@ -249,7 +253,8 @@ TEST(MpiCommunicatorTest, AllGatherAcrossTheHeaderRoundPaths) {
     for (int q = 0; q < comm.size(); ++q) counts.push_back(base + static_cast<std::size_t>(q));
     for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) {
       for (std::uint64_t tag : {std::uint64_t{0}, std::uint64_t{0x2468}}) {
-        SCOPED_TRACE("base " + std::to_string(base) + " outer " + std::to_string(outer) + " tag " + std::to_string(tag));
+        SCOPED_TRACE("base " + std::to_string(base) + " outer " + std::to_string(outer) + " tag " +
+                     std::to_string(tag));
         CollectiveCall c = call("all_gather", ++seq);
         c.signature_tag = tag;
         expect_all_gather_v(comm, counts, outer, c);
@@ -313,11 +318,12 @@ TEST(MpiCommunicatorTest, LargeExchangeAndAllGatherTakeASecondRound) {
   const int n = comm.size();
   CollectiveCall tagged = call("exchange");
   tagged.signature_tag = 0x5678;
-  const auto all = comm.exchange(std::string(70000 + static_cast<std::size_t>(comm.rank()), 'a' + static_cast<char>(comm.rank())),
-                                 tagged);
+  const auto all = comm.exchange(
+      std::string(70000 + static_cast<std::size_t>(comm.rank()), 'a' + static_cast<char>(comm.rank())), tagged);
   ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
   for (int q = 0; q < n; ++q) {
-    EXPECT_EQ(all[static_cast<std::size_t>(q)], std::string(70000 + static_cast<std::size_t>(q), 'a' + static_cast<char>(q)));
+    EXPECT_EQ(all[static_cast<std::size_t>(q)],
+              std::string(70000 + static_cast<std::size_t>(q), 'a' + static_cast<char>(q)));
   }
   std::vector<std::size_t> counts;
   for (int q = 0; q < n; ++q) counts.push_back(20000 + static_cast<std::size_t>(q));  // > 64 KiB of int32
@@ -355,7 +361,8 @@ TEST(MpiCommunicatorTest, RaggedAllGatherWithOuterRows) {
   MpiCommunicator comm;
   std::vector<std::size_t> counts;
   for (int q = 0; q < comm.size(); ++q) counts.push_back(static_cast<std::size_t>(q) + 2);
-  for (std::size_t outer : {std::size_t{1}, std::size_t{3}}) expect_all_gather_v(comm, counts, outer, call("all_gather"));
+  for (std::size_t outer : {std::size_t{1}, std::size_t{3}})
+    expect_all_gather_v(comm, counts, outer, call("all_gather"));
 }
 
 TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
@@ -451,8 +458,10 @@ TEST(MpiCommunicatorTest, UntaggedCallsOfDifferentKindsFailOnOneHost) {
     comm.broadcast(buf.data(), buf.size(), DType::kInt32, root, call("broadcast", 5));
     ADD_FAILURE() << "rank " << comm.rank() << " finished a broadcast from another root";
   } catch (const InvalidArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("a broadcast of 400 bytes of int32 from rank 1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("a broadcast of 400 bytes of int32 from rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a broadcast of 400 bytes of int32 from rank 1"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("a broadcast of 400 bytes of int32 from rank 0"), std::string::npos)
+        << e.what();
   }
   if (comm.rank() != root) {
     EXPECT_EQ(buf, std::vector<std::int32_t>(100, -1)) << "the buffer was written";
@@ -465,7 +474,8 @@ TEST(MpiCommunicatorTest, ExchangeGivesEveryPayloadInRankOrder) {
                            call("exchange"));
   ASSERT_EQ(all.size(), static_cast<std::size_t>(comm.size()));
   for (int q = 0; q < comm.size(); ++q) {
-    EXPECT_EQ(all[static_cast<std::size_t>(q)], std::string(static_cast<std::size_t>(q) * 3, 'a' + static_cast<char>(q)));
+    EXPECT_EQ(all[static_cast<std::size_t>(q)],
+              std::string(static_cast<std::size_t>(q) * 3, 'a' + static_cast<char>(q)));
   }
   EXPECT_EQ(comm.backend_name(), "mpi");
 }
@@ -513,9 +523,9 @@ TEST(MpiCommunicatorTest, LargeAllGatherMismatchesFailCleanly) {
       } else if (kind == 2) {
         EXPECT_THROW(comm.broadcast(large.data(), large.size(), DType::kFloat32, 0, other), SignatureMismatch);
       } else {
-        EXPECT_THROW(comm.all_reduce(large.data(), large_out.data(), large.size(), DType::kFloat32, ReduceOp::kSum,
-                                     other),
-                     SignatureMismatch);
+        EXPECT_THROW(
+            comm.all_reduce(large.data(), large_out.data(), large.size(), DType::kFloat32, ReduceOp::kSum, other),
+            SignatureMismatch);
       }
     } else {
       const std::vector<std::size_t> counts(static_cast<std::size_t>(n), big);
@@ -617,8 +627,7 @@ TEST(MpiCommunicatorTest, MidSizeAllReduceMismatchesFailCleanly) {
 // Whether a late rank can still finish the collective that a failed rank had
 // started depends on MPI's algorithm; the next one cannot finish without the
 // failed rank, and the failure notice ends it.
-void expect_notice_on_late_rank(MpiCommunicator& comm, std::uint64_t started, ErrorCode code,
-                                const std::string& text) {
+void expect_notice_on_late_rank(MpiCommunicator& comm, std::uint64_t started, ErrorCode code, const std::string& text) {
   try {
     comm.barrier(call("barrier", started, 20));
   } catch (const Error& e) {
@@ -656,9 +665,8 @@ void expect_late_ranks_hear_of_the_timeout(const std::string& op, First&& first)
 }
 
 TEST(MpiCommunicatorTest, LateRankMakesTheOthersTimeOutAndHearsOfIt) {
-  expect_late_ranks_hear_of_the_timeout("barrier", [](MpiCommunicator& comm, const CollectiveCall& c) {
-    comm.barrier(c);
-  });
+  expect_late_ranks_hear_of_the_timeout("barrier",
+                                        [](MpiCommunicator& comm, const CollectiveCall& c) { comm.barrier(c); });
 }
 
 // An untagged large all-reduce has no header round: rank 0 waits for the
@@ -681,9 +689,8 @@ TEST(MpiCommunicatorTest, LateRanksMakeALargeAllReduceTimeOut) {
 // in tensor storage (quarantined), not from the caller's string (ASan saw it
 // freed).
 TEST(MpiCommunicatorTest, LateRanksMakeAnExchangeTimeOut) {
-  expect_late_ranks_hear_of_the_timeout("exchange", [](MpiCommunicator& comm, const CollectiveCall& c) {
-    comm.exchange(std::string(30000, 'x'), c);
-  });
+  expect_late_ranks_hear_of_the_timeout(
+      "exchange", [](MpiCommunicator& comm, const CollectiveCall& c) { comm.exchange(std::string(30000, 'x'), c); });
 }
 
 // Inside the data steps of an untagged large all-reduce (in shared memory on
@@ -831,7 +838,9 @@ TEST(MpiCommunicatorTest, BlocksAroundWholeNumbersOfPiecesArriveWhole) {
   const std::size_t piece = std::min<std::size_t>(comm.max_message_bytes(), 1000);
   std::uint64_t seq = 1;
   for (std::ptrdiff_t delta : {-1, 0, 1}) {
-    const auto around = [&](std::size_t whole) { return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(whole) + delta); };
+    const auto around = [&](std::size_t whole) {
+      return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(whole) + delta);
+    };
     // all_reduce of int8 (one byte an element): 70 pieces, then slices of
     // 1100 pieces each (n * 1100 * piece bytes, over 1 MiB received).
     for (std::size_t bytes : {around(70 * piece), around(un * 1100 * piece)}) {
@@ -847,7 +856,9 @@ TEST(MpiCommunicatorTest, BlocksAroundWholeNumbersOfPiecesArriveWhole) {
     const std::size_t bytes = around(3 * piece);
     for (int root = 0; root < n; ++root) {
       std::vector<std::uint8_t> buf(bytes);
-      const auto byte = [&](std::size_t i) { return static_cast<std::uint8_t>(i * 7 + static_cast<std::size_t>(root)); };
+      const auto byte = [&](std::size_t i) {
+        return static_cast<std::uint8_t>(i * 7 + static_cast<std::size_t>(root));
+      };
       for (std::size_t i = 0; i < bytes; ++i) buf[i] = comm.rank() == root ? byte(i) : 0;
       comm.broadcast(buf.data(), bytes, DType::kUInt8, root, call("broadcast", ++seq));
       for (std::size_t i = 0; i < bytes; ++i) {

@@ -22,8 +22,7 @@ using N = Nest<Tensor>;
 Tensor ragged_value(DType dtype, std::vector<std::int64_t> dims, int axis, int r, std::int64_t extra) {
   const int a = axis < 0 ? axis + static_cast<int>(dims.size()) : axis;
   dims[static_cast<std::size_t>(a)] = r + extra;
-  return iota(dtype, Shape(dims), dtype == DType::kBool ? r % 2 : r * 12.0,
-              dtype == DType::kBool ? 0 : 1);
+  return iota(dtype, Shape(dims), dtype == DType::kBool ? r % 2 : r * 12.0, dtype == DType::kBool ? 0 : 1);
 }
 
 class AllGatherAxisTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
@@ -156,18 +155,23 @@ TEST(AllGatherErrorsTest, RankZeroOnOneReplicaMixingOverloads) {
 TEST(AllGatherErrorsTest, RankZeroOnOneReplica) {
   expect_same_error_on_every_replica<InvalidArgumentError>(
       3,
-      [](ReplicaContext& ctx) {
-        ctx.all_gather(ctx.replica_id_in_sync_group() == 1 ? constant(1) : constant({1}), 0);
-      },
+      [](ReplicaContext& ctx) { ctx.all_gather(ctx.replica_id_in_sync_group() == 1 ? constant(1) : constant({1}), 0); },
       "all_gather #1 on replica 1: all_gather needs a value of rank >= 1");
 }
 
 TEST(AllGatherErrorsTest, AxisOutOfRange) {
   expect_same_error_on_every_replica<InvalidArgumentError>(
-      2, [](ReplicaContext& ctx) { ctx.all_gather(constant({{1, 2}}), 2); },
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_gather(constant({{1, 2}}), 2);
+      },
       "axis 2 is out of range for a value of shape (1, 2)");
   expect_same_error_on_every_replica<InvalidArgumentError>(
-      2, [](ReplicaContext& ctx) { ctx.all_gather(constant({{1, 2}}), -3); }, "axis -3 is out of range");
+      2,
+      [](ReplicaContext& ctx) {
+        ctx.all_gather(constant({{1, 2}}), -3);
+      },
+      "axis -3 is out of range");
 }
 
 TEST(AllGatherErrorsTest, MismatchedRankDtypeAndDims) {
@@ -186,10 +190,10 @@ TEST(AllGatherErrorsTest, MismatchedRankDtypeAndDims) {
   expect_same_error_on_every_replica<InvalidArgumentError>(
       2,
       [](ReplicaContext& ctx) {
-        N v = N::dict({{"a", constant({1})},
-                       {"b", N::list({constant({{1, 2}}), ctx.replica_id_in_sync_group() == 0
-                                                              ? constant({{1, 2}})
-                                                              : constant({{1, 2, 3}})})}});
+        N v = N::dict(
+            {{"a", constant({1})},
+             {"b", N::list({constant({{1, 2}}),
+                            ctx.replica_id_in_sync_group() == 0 ? constant({{1, 2}}) : constant({{1, 2, 3}})})}});
         ctx.all_gather(v, 0);
       },
       "Dimension 1 of value ['b'][1] must be equal on every replica");
@@ -262,9 +266,10 @@ TEST(AllGatherTest, ResultsAreReadOnlyAndSharedByTheReplicas) {
     return N::list({N(big), nest});
   });
   EXPECT_EQ(refused.load(), 3);
-  const Tensor want = concat(std::vector<Tensor>{fill(DType::kFloat32, Shape{2000}, 0), fill(DType::kFloat32, Shape{2000}, 1),
-                                                 fill(DType::kFloat32, Shape{2000}, 2)},
-                             0);
+  const Tensor want =
+      concat(std::vector<Tensor>{fill(DType::kFloat32, Shape{2000}, 0), fill(DType::kFloat32, Shape{2000}, 1),
+                                 fill(DType::kFloat32, Shape{2000}, 2)},
+             0);
   for (std::size_t q = 0; q < 3; ++q) {
     const Tensor& big = r[q][0].leaf();
     EXPECT_EQ(big, want) << "replica " << q;  // no replica's write or clone reached it
@@ -290,7 +295,8 @@ TEST(AllGatherTest, RaggedValuesAcrossTheSharingThreshold) {
       return ctx.all_gather(iota(DType::kFloat32, Shape{lengths[static_cast<std::size_t>(id)]}, id * 10000.0), 0);
     });
     std::vector<Tensor> parts;
-    for (int q = 0; q < n; ++q) parts.push_back(iota(DType::kFloat32, Shape{lengths[static_cast<std::size_t>(q)]}, q * 10000.0));
+    for (int q = 0; q < n; ++q)
+      parts.push_back(iota(DType::kFloat32, Shape{lengths[static_cast<std::size_t>(q)]}, q * 10000.0));
     const Tensor want = concat(parts, 0);
     for (int q = 0; q < n; ++q) {
       EXPECT_EQ(r[static_cast<std::size_t>(q)], want) << "replica " << q;
@@ -307,9 +313,8 @@ TEST(AllGatherTest, AStepThatDropsItsLastResultTakesNoFreshStorage) {
   const auto step = [](ReplicaContext& ctx) {
     return ctx.all_gather(fill(DType::kFloat32, Shape{300000}, ctx.replica_id_in_sync_group()), 0);
   };
-  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(*s, step, [](const Tensor& out) {
-              EXPECT_EQ(out.at<float>({300000}), 1.f);
-            }),
+  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(
+                *s, step, [](const Tensor& out) { EXPECT_EQ(out.at<float>({300000}), 1.f); }),
             0u);
 }
 

@@ -116,8 +116,8 @@ TEST(AllReduceTest, StreamingAsSetWhenTheStrategyWasMade) {
     const auto* comm = dynamic_cast<const internal::SharedMemoryCommunicator*>(ctx.channel().comm);
     if (comm == nullptr || !comm->streams(2000)) throw std::runtime_error("this all_reduce would not stream");
     std::vector<Tensor> out = {ctx.all_reduce(ReduceOp::kSum, input(DType::kFloat32, id, 5003))};
-    for (const Tensor& t : ctx.all_reduce(ReduceOp::kMax, std::vector<Tensor>{input(DType::kInt32, id, 3001),
-                                                                              input(DType::kInt32, id, 7)})) {
+    for (const Tensor& t : ctx.all_reduce(
+             ReduceOp::kMax, std::vector<Tensor>{input(DType::kInt32, id, 3001), input(DType::kInt32, id, 7)})) {
       out.push_back(t);
     }
     return out;
@@ -154,7 +154,8 @@ TEST(AllReduceTest, OneTensorOverloadAgreesWithTheOneLeafNest) {
       });
       for (int k = 0; k < n; ++k) {
         for (std::int64_t i = 0; i < 7; ++i) {
-          EXPECT_EQ(r[static_cast<std::size_t>(k)].element_as_double(i), expected(DType::kFloat32, ReduceOp::kMax, n, i))
+          EXPECT_EQ(r[static_cast<std::size_t>(k)].element_as_double(i),
+                    expected(DType::kFloat32, ReduceOp::kMax, n, i))
               << "replica " << k << " element " << i;
         }
       }
@@ -263,8 +264,8 @@ TEST(PackingTest, GroupsByDtypeWithTensorFlowsSizeRule) {
   auto packs = internal::plan_packs(values, 8);
   ASSERT_EQ(packs.size(), 4u);
   EXPECT_EQ(packs[0].dtype, DType::kFloat32);
-  EXPECT_EQ(packs[0].leaves, (std::vector<std::size_t>{0, 2}));     // 4 + 8 = 12 > 8: closed
-  EXPECT_EQ(packs[1].leaves, (std::vector<std::size_t>{3, 5}));     // 4 + 12 = 16
+  EXPECT_EQ(packs[0].leaves, (std::vector<std::size_t>{0, 2}));  // 4 + 8 = 12 > 8: closed
+  EXPECT_EQ(packs[1].leaves, (std::vector<std::size_t>{3, 5}));  // 4 + 12 = 16
   EXPECT_EQ(packs[2].leaves, (std::vector<std::size_t>{6}));
   EXPECT_EQ(packs[3].dtype, DType::kInt32);
   EXPECT_EQ(packs[3].leaves, (std::vector<std::size_t>{1, 4}));
@@ -313,16 +314,15 @@ TEST(AllReduceTest, AStepThatDropsItsLastResultTakesNoFreshStorage) {
   const auto step = [](ReplicaContext& ctx) {
     return ctx.all_reduce(ReduceOp::kSum, fill(DType::kFloat32, Shape{300000}, ctx.replica_id_in_sync_group()));
   };
-  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(*s, step, [](const Tensor& out) {
-              EXPECT_EQ(out.at<float>({299999}), 1.f);
-            }),
+  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(
+                *s, step, [](const Tensor& out) { EXPECT_EQ(out.at<float>({299999}), 1.f); }),
             0u);
 }
 
 TEST(AllReduceTest, OneCollectivePerPack) {
   auto s = testing::mirrored(2);
-  for (auto [bytes_per_pack, want_calls] : std::vector<std::pair<std::int64_t, std::uint64_t>>{
-           {0, 2}, {4096, 101}, {8192, 68}, {1 << 20, 2}}) {
+  for (auto [bytes_per_pack, want_calls] :
+       std::vector<std::pair<std::int64_t, std::uint64_t>>{{0, 2}, {4096, 101}, {8192, 68}, {1 << 20, 2}}) {
     auto r = s->run([&, b = bytes_per_pack](ReplicaContext& ctx) {
       std::vector<Tensor> grads;
       for (int k = 0; k < 200; ++k) grads.push_back(fill(DType::kFloat32, Shape{1024}, k));
@@ -410,8 +410,8 @@ TEST(AllReduceTest, NestsOfIndexedSlicesAndTensorsReduceEachLeafAsAlone) {
         const IndexedSlices other(fill(DType::kFloat64, Shape{1, 3}, id), constant({id}), Shape{4, 3});
         const Tensor dense = fill(DType::kFloat32, Shape{2, 2}, id + 1);
         const Tensor count = constant({id});
-        const Mixed value = Mixed::dict({{"embedding", embedding},
-                                 {"layers", Mixed::list({dense, Mixed::tuple({other, count})})}});
+        const Mixed value =
+            Mixed::dict({{"embedding", embedding}, {"layers", Mixed::list({dense, Mixed::tuple({other, count})})}});
         const Mixed got = ctx.all_reduce(op, value);
         // Each leaf as its own all_reduce gives it (later collectives of this run).
         const IndexedSlices want_embedding = ctx.all_reduce(op, embedding);
@@ -470,12 +470,15 @@ TEST(AllReduceTest, NestsOfIndexedSlicesMismatchOnEveryReplica) {
       ReduceOp::kSum, "leaf kinds");
   expect_everywhere(
       [&](ReplicaContext& ctx) {
-        return Mixed::list({IndexedSlices(constant({{1.f, 2.f}}), constant({0}),
-                                      Shape{4 + ctx.replica_id_in_sync_group(), 2})});
+        return Mixed::list(
+            {IndexedSlices(constant({{1.f, 2.f}}), constant({0}), Shape{4 + ctx.replica_id_in_sync_group(), 2})});
       },
       ReduceOp::kSum, "dense_shape (5, 2)");
-  expect_everywhere([&](ReplicaContext&) { return Mixed::list({slices, constant(1.f)}); }, ReduceOp::kMax,
-                    "supports SUM and MEAN only, not MAX");
+  expect_everywhere(
+      [&](ReplicaContext&) {
+        return Mixed::list({slices, constant(1.f)});
+      },
+      ReduceOp::kMax, "supports SUM and MEAN only, not MAX");
   // Rows may differ; the rest of a sparse leaf's values may not.
   expect_everywhere(
       [&](ReplicaContext& ctx) {

@@ -43,8 +43,8 @@ TEST_P(BroadcastDTypeTest, EveryReplicaGetsTheRootsValueFromEveryRoot) {
   for (int n : testing::kReplicaCounts) {
     auto s = testing::mirrored(n);
     for (const std::int64_t count : edge_counts(dtype)) {
-      const bool shared = n > 1 && SharedMemoryCommunicator::shares_broadcast(static_cast<std::size_t>(count) *
-                                                                              size_of(dtype));
+      const bool shared =
+          n > 1 && SharedMemoryCommunicator::shares_broadcast(static_cast<std::size_t>(count) * size_of(dtype));
       for (const int root : {0, n / 2, n - 1}) {
         SCOPED_TRACE(std::to_string(n) + " replicas, root " + std::to_string(root) + ", " + std::to_string(count) +
                      " elements");
@@ -76,10 +76,10 @@ INSTANTIATE_TEST_SUITE_P(Matrix, BroadcastDTypeTest, ::testing::ValuesIn(kAllDTy
 TEST(BroadcastTest, NestsArePackedPerDtypeAndKeepTheirStructure) {
   auto s = testing::mirrored(3);
   const auto value = [](int r) {
-    return Nest<Tensor>::dict({{"w", fill(DType::kFloat32, Shape{3000, 2}, r)},
-                               {"rest", Nest<Tensor>::list({fill(DType::kInt64, Shape{5}, r + 10),
-                                                            fill(DType::kFloat32, Shape{0}, r),
-                                                            fill(DType::kFloat32, Shape{2, 3}, -r)})}});
+    return Nest<Tensor>::dict(
+        {{"w", fill(DType::kFloat32, Shape{3000, 2}, r)},
+         {"rest", Nest<Tensor>::list({fill(DType::kInt64, Shape{5}, r + 10), fill(DType::kFloat32, Shape{0}, r),
+                                      fill(DType::kFloat32, Shape{2, 3}, -r)})}});
   };
   for (auto [bytes_per_pack, want_calls] : std::vector<std::pair<std::int64_t, std::uint64_t>>{{0, 2}, {1, 3}}) {
     SCOPED_TRACE("bytes_per_pack " + std::to_string(bytes_per_pack));
@@ -142,9 +142,8 @@ TEST(BroadcastTest, AStepThatDropsItsLastResultTakesNoFreshStorage) {
   const auto step = [](ReplicaContext& ctx) {
     return ctx.broadcast(fill(DType::kFloat32, Shape{300000}, ctx.replica_id_in_sync_group()), 1);
   };
-  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(*s, step, [](const Tensor& out) {
-              EXPECT_EQ(out.at<float>({299999}), 1.f);
-            }),
+  EXPECT_EQ(testing::fresh_blocks_after_the_first_step(
+                *s, step, [](const Tensor& out) { EXPECT_EQ(out.at<float>({299999}), 1.f); }),
             0u);
 }
 
@@ -187,21 +186,22 @@ TEST(BroadcastTest, ArgumentErrorsAreRaisedAlikeOnEveryReplica) {
                    *s, n, [&](ReplicaContext& ctx) { ctx.broadcast(Nest<Tensor>(constant(1.f)), -1); }),
                "root_replica -1 is not a replica");
   // Replicas that name different roots.
-  expect_alike(errors_on_every_replica<InvalidArgumentError>(
-                   *s, n, [&](ReplicaContext& ctx) { ctx.broadcast(constant({1.f, 2.f}), id(ctx) == 2 ? 1 : 0); }),
-               "broadcast #1: the replicas passed different root replica (replicas 0, 1: 0; replica 2: 1)");
+  expect_alike(
+      errors_on_every_replica<InvalidArgumentError>(*s, n,
+                                                    [&](ReplicaContext& ctx) {
+                                                      ctx.broadcast(constant({1.f, 2.f}), id(ctx) == 2 ? 1 : 0);
+                                                    }),
+      "broadcast #1: the replicas passed different root replica (replicas 0, 1: 0; replica 2: 1)");
   // Shapes, dtypes and structures must be equal.
   expect_alike(errors_on_every_replica<InvalidArgumentError>(
                    *s, n, [&](ReplicaContext& ctx) { ctx.broadcast(value_of(DType::kInt32, 5000 + id(ctx) / 2, 0)); }),
                "broadcast #1: the value has different shapes on different replicas (replicas 0, 1: (5000,); "
                "replica 2: (5001,)); broadcast needs equal shapes.");
-  expect_alike(errors_on_every_replica<InvalidArgumentError>(*s, n,
-                                                             [&](ReplicaContext& ctx) {
-                                                               ctx.broadcast(value_of(id(ctx) == 1 ? DType::kInt64
-                                                                                                   : DType::kInt32,
-                                                                                      3, 0));
-                                                             }),
-               "the value has different dtypes on different replicas");
+  expect_alike(
+      errors_on_every_replica<InvalidArgumentError>(
+          *s, n,
+          [&](ReplicaContext& ctx) { ctx.broadcast(value_of(id(ctx) == 1 ? DType::kInt64 : DType::kInt32, 3, 0)); }),
+      "the value has different dtypes on different replicas");
   expect_alike(errors_on_every_replica<InvalidArgumentError>(
                    *s, n,
                    [&](ReplicaContext& ctx) {
@@ -255,8 +255,8 @@ TEST(BroadcastTest, OneReplicaGivesTheValueBack) {
   OneDeviceStrategy one("CPU:0");
   auto r = one.run([&](ReplicaContext& ctx) { return ctx.broadcast(v, 0); });
   EXPECT_EQ(r.values()[0], v);
-  const std::string msg = testing::expect_throw<InvalidArgumentError>(
-      [&] { one.run([&](ReplicaContext& ctx) { ctx.broadcast(v, 1); }); });
+  const std::string msg =
+      testing::expect_throw<InvalidArgumentError>([&] { one.run([&](ReplicaContext& ctx) { ctx.broadcast(v, 1); }); });
   EXPECT_NE(msg.find("root_replica 1 is not a replica of this sync group (1 replicas: 0 to 0)"), std::string::npos)
       << msg;
 }
@@ -267,8 +267,7 @@ TEST(BroadcastTest, OutsideAReplicaContextIsAnError) {
   std::atomic<int> refused{0};
   s->run([&](ReplicaContext& ctx) {
     ctx.merge_call([&](Strategy&) {
-      const std::string msg =
-          testing::expect_throw<FailedPreconditionError>([&] { ctx.broadcast(constant(1.f)); });
+      const std::string msg = testing::expect_throw<FailedPreconditionError>([&] { ctx.broadcast(constant(1.f)); });
       if (msg.find("ReplicaContext::broadcast was called in a cross-replica context") != std::string::npos) ++refused;
     });
   });

@@ -70,7 +70,8 @@ TEST(ContextTest, InsideRunOnEveryReplica) {
       EXPECT_TRUE(o.has);
       EXPECT_EQ(ctx.num_replicas_in_sync(), n);
       EXPECT_EQ(&ctx.strategy(), s.get());
-      EXPECT_EQ(ctx.devices(), std::vector<std::string>{s->devices()[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]});
+      EXPECT_EQ(ctx.devices(),
+                std::vector<std::string>{s->devices()[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]});
       return ctx.replica_id_in_sync_group();
     });
     std::vector<int> want(static_cast<std::size_t>(n));
@@ -274,12 +275,14 @@ TEST(ContextTest, ModeIsPerThread) {
 TEST(ContextTest, CrossReplicaOnlyMethodsFailInReplicaContext) {
   auto s = testing::mirrored(2);
   s->run([&](ReplicaContext&) {
-    auto r = testing::expect_throw<FailedPreconditionError>(
-        [&] { s->reduce(ReduceOp::kSum, PerReplica<Tensor>({constant(1), constant(1)}), std::nullopt); });
+    auto r = testing::expect_throw<FailedPreconditionError>([&] {
+      s->reduce(ReduceOp::kSum, PerReplica<Tensor>({constant(1), constant(1)}), std::nullopt);
+    });
     EXPECT_NE(r.find("Method requires being in cross-replica context, use get_replica_context().merge_call()"),
               std::string::npos);
-    auto g = testing::expect_throw<FailedPreconditionError>(
-        [&] { s->gather(PerReplica<Tensor>({constant({1}), constant({1})}), 0); });
+    auto g = testing::expect_throw<FailedPreconditionError>([&] {
+      s->gather(PerReplica<Tensor>({constant({1}), constant({1})}), 0);
+    });
     EXPECT_NE(g.find("tf.distribute.Strategy.gather method requires cross-replica context"), std::string::npos);
     EXPECT_THROW(s->run([] {}), FailedPreconditionError);
     EXPECT_THROW(s->extended().reduce_to(ReduceOp::kSum, constant(1.f), "CPU:0"), FailedPreconditionError);
@@ -306,9 +309,7 @@ TEST(ContextTest, MergeCallOnWrongContext) {
   auto s = testing::mirrored(2);
   // merge_call inside merge_fn: no replica context.
   auto nested = testing::expect_throw<FailedPreconditionError>([&] {
-    s->run([&](ReplicaContext& ctx) {
-      ctx.merge_call([&](Strategy&) { ctx.merge_call([](Strategy&) {}); });
-    });
+    s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { ctx.merge_call([](Strategy&) {}); }); });
   });
   EXPECT_NE(nested.find("Need to be inside `call_for_each_replica()`"), std::string::npos) << nested;
   // Another replica's context, used from this replica's thread.
@@ -317,7 +318,8 @@ TEST(ContextTest, MergeCallOnWrongContext) {
     if (ctx.replica_id_in_sync_group() == 0) zero = &ctx;
     ctx.all_reduce(ReduceOp::kSum, constant(1));  // after this, replica 0 has published its context
     if (ctx.replica_id_in_sync_group() == 1) {
-      auto msg = testing::expect_throw<FailedPreconditionError>([&] { zero.load()->all_reduce(ReduceOp::kSum, constant(1)); });
+      auto msg =
+          testing::expect_throw<FailedPreconditionError>([&] { zero.load()->all_reduce(ReduceOp::kSum, constant(1)); });
       EXPECT_NE(msg.find("Mismatching ReplicaContext"), std::string::npos) << msg;
     }
   });
@@ -325,7 +327,8 @@ TEST(ContextTest, MergeCallOnWrongContext) {
   ReplicaContext* default_ctx = get_replica_context();
   s->run([&](ReplicaContext& ctx) {
     if (ctx.replica_id_in_sync_group() != 0) return;
-    auto msg = testing::expect_throw<FailedPreconditionError>([&] { default_ctx->all_reduce(ReduceOp::kSum, constant(1)); });
+    auto msg =
+        testing::expect_throw<FailedPreconditionError>([&] { default_ctx->all_reduce(ReduceOp::kSum, constant(1)); });
     EXPECT_NE(msg.find("Mismatching tf.distribute.Strategy objects"), std::string::npos) << msg;
   });
 }
@@ -342,8 +345,8 @@ TEST(ContextTest, AContextUsedAfterItsRunRaises) {
   ASSERT_NE(kept.load(), nullptr);
   EXPECT_EQ(kept.load()->replica_id_in_sync_group(), 1);
   EXPECT_EQ(kept.load()->num_replicas_in_sync(), 2);
-  auto msg = testing::expect_throw<FailedPreconditionError>(
-      [&] { kept.load()->all_reduce(ReduceOp::kSum, constant(1)); });
+  auto msg =
+      testing::expect_throw<FailedPreconditionError>([&] { kept.load()->all_reduce(ReduceOp::kSum, constant(1)); });
   EXPECT_NE(msg.find("context of replica 1 of MirroredStrategy(2 replicas"), std::string::npos) << msg;
   EXPECT_NE(msg.find("after its run returned"), std::string::npos) << msg;
   msg = testing::expect_throw<FailedPreconditionError>([&] { kept.load()->all_gather(constant({1}), 0); });

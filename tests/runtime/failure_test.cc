@@ -84,8 +84,9 @@ TEST(FailureTest, ReplicaThrowsWhileOthersWaitWithoutTimeout) {
     for (int r = 0; r + 1 < n; ++r) {
       const auto& o = outcomes[static_cast<std::size_t>(r)];
       EXPECT_EQ(o.type, "AbortedError") << "replica " << r;
-      EXPECT_NE(o.message.find("Replica " + std::to_string(n - 1) + " failed with std::out_of_range: index 7 past the end"),
-                std::string::npos)
+      EXPECT_NE(
+          o.message.find("Replica " + std::to_string(n - 1) + " failed with std::out_of_range: index 7 past the end"),
+          std::string::npos)
           << o.message;
       EXPECT_LT(released[static_cast<std::size_t>(r)] - thrown_at, std::chrono::milliseconds(100)) << "replica " << r;
     }
@@ -322,8 +323,7 @@ TEST(FailureTest, InvalidOptionsOnOneReplica) {
   expect_collective_error(
       2,
       [](ReplicaContext& ctx) {
-        ctx.all_reduce(ReduceOp::kSum, constant(1.f),
-                       {.bytes_per_pack = ctx.replica_id_in_sync_group() == 1 ? -5 : 0});
+        ctx.all_reduce(ReduceOp::kSum, constant(1.f), {.bytes_per_pack = ctx.replica_id_in_sync_group() == 1 ? -5 : 0});
       },
       "InvalidArgumentError", "all_reduce #1 on replica 1: Argument `bytes_per_pack` must be >=0, Received -5.");
 }
@@ -341,9 +341,10 @@ TEST(FailureTest, SkippedCollectiveRaisesAtOnce) {
     EXPECT_EQ(outcomes[0].type, "");
     for (int r = 1; r < n; ++r) {
       EXPECT_EQ(outcomes[static_cast<std::size_t>(r)].type, "FailedPreconditionError");
-      EXPECT_NE(outcomes[static_cast<std::size_t>(r)].message.find(
-                    "all_reduce #2 can never complete: replica(s) 0 returned from the replica function without calling it"),
-                std::string::npos)
+      EXPECT_NE(
+          outcomes[static_cast<std::size_t>(r)].message.find(
+              "all_reduce #2 can never complete: replica(s) 0 returned from the replica function without calling it"),
+          std::string::npos)
           << outcomes[static_cast<std::size_t>(r)].message;
     }
     EXPECT_EQ(from_run.type, "FailedPreconditionError");

@@ -26,8 +26,8 @@ namespace {
 using testing::uniform;
 
 using testing::Fault;
-using testing::Kind;
 using testing::kFaultNames;
+using testing::Kind;
 
 TEST(FaultInjectionTest, EveryFaultEndsInTheDocumentedErrorAndTheStrategyRecovers) {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -47,9 +47,9 @@ TEST(FaultInjectionTest, EveryFaultEndsInTheDocumentedErrorAndTheStrategyRecover
     if ((fault == Fault::kOtherDtype || fault == Fault::kOtherShape) && program[step] == Kind::kMergeCall) {
       fault = Fault::kThrow;
     }
-    SCOPED_TRACE(testing::rerun_hint(seed) + ": " + std::to_string(n) + " replicas, " +
-                 std::to_string(program.size()) + " collectives; replica " + std::to_string(faulty) + " " +
-                 kFaultNames[static_cast<int>(fault)] + " at collective " + std::to_string(step));
+    SCOPED_TRACE(testing::rerun_hint(seed) + ": " + std::to_string(n) + " replicas, " + std::to_string(program.size()) +
+                 " collectives; replica " + std::to_string(faulty) + " " + kFaultNames[static_cast<int>(fault)] +
+                 " at collective " + std::to_string(step));
     auto s = testing::mirrored(n);
     const auto start = std::chrono::steady_clock::now();
     std::string kind = "none";

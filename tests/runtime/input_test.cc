@@ -26,8 +26,8 @@ BatchFn batches_of(std::vector<std::int64_t> sizes) {
     const std::int64_t rows = sizes[(*next)++];
     const auto first = static_cast<double>(*row);
     *row += rows;
-    return Nest<Tensor>::tuple({iota(DType::kFloat32, Shape{rows, 2}, 2 * first),
-                                iota(DType::kInt32, Shape{rows}, first)});
+    return Nest<Tensor>::tuple(
+        {iota(DType::kFloat32, Shape{rows, 2}, 2 * first), iota(DType::kInt32, Shape{rows}, first)});
   };
 }
 
@@ -161,18 +161,23 @@ TEST(DistributeDatasetTest, TheFunctionsOwnErrorKeepsItsType) {
 
 TEST(DistributeDatasetTest, BadBatchesAreClearErrors) {
   auto s = mirrored(2);
-  EXPECT_NE(expect_throw<InvalidArgumentError>([&] { s->experimental_distribute_dataset(batches_of({4}), 3).get_next(); })
-                .find("a batch has 4 rows, more than the global batch size 3"),
+  EXPECT_NE(expect_throw<InvalidArgumentError>([&] {
+              s->experimental_distribute_dataset(batches_of({4}), 3).get_next();
+            }).find("a batch has 4 rows, more than the global batch size 3"),
             std::string::npos);
   EXPECT_THROW(s->experimental_distribute_dataset(batches_of({4}), 0), InvalidArgumentError);
-  auto ragged = [] { return std::optional<Nest<Tensor>>(Nest<Tensor>::list({Tensor(DType::kFloat32, Shape{2}),
-                                                                            Tensor(DType::kFloat32, Shape{3})})); };
-  EXPECT_NE(expect_throw<InvalidArgumentError>([&] { s->experimental_distribute_dataset(ragged, 4).get_next(); })
-                .find("different batch sizes ([0]: 2, [1]: 3)"),
+  auto ragged = [] {
+    return std::optional<Nest<Tensor>>(
+        Nest<Tensor>::list({Tensor(DType::kFloat32, Shape{2}), Tensor(DType::kFloat32, Shape{3})}));
+  };
+  EXPECT_NE(expect_throw<InvalidArgumentError>([&] {
+              s->experimental_distribute_dataset(ragged, 4).get_next();
+            }).find("different batch sizes ([0]: 2, [1]: 3)"),
             std::string::npos);
   auto scalar = [] { return std::optional<Nest<Tensor>>(Nest<Tensor>(constant(1.f))); };
-  EXPECT_NE(expect_throw<InvalidArgumentError>([&] { s->experimental_distribute_dataset(scalar, 4).get_next(); })
-                .find("is a scalar"),
+  EXPECT_NE(expect_throw<InvalidArgumentError>([&] {
+              s->experimental_distribute_dataset(scalar, 4).get_next();
+            }).find("is a scalar"),
             std::string::npos);
   DistributedDataset dataset = s->experimental_distribute_dataset(batches_of({2}), 2);
   EXPECT_THROW(s->run([&] { dataset.get_next(); }), FailedPreconditionError);

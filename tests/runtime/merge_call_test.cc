@@ -12,8 +12,8 @@
 
 #include "comm/threads/local_group.h"
 #include "runtime/mode.h"
-#include "runtime/replica_pool.h"
 #include "runtime/replica_channel.h"
+#include "runtime/replica_pool.h"
 #include "testing/shared_results.h"
 #include "testing/strategies.h"
 
@@ -97,7 +97,8 @@ TEST(MergeCallTest, LargeCopiesSharedWithPausedReplicasAreExactAndDistinct) {
       SCOPED_TRACE(std::to_string(n) + " replicas, " + std::to_string(bytes) + " bytes");
       Tensor source = Tensor::uninitialized(DType::kInt8, Shape{bytes});
       auto bytes_of = source.mutable_flat<std::int8_t>();
-      for (std::int64_t i = 0; i < bytes; ++i) bytes_of[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(i % 251);
+      for (std::int64_t i = 0; i < bytes; ++i)
+        bytes_of[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(i % 251);
       auto r = s->run([&](ReplicaContext& ctx) {
         return ctx.merge_call(
             [&](Strategy& strategy, const PerReplica<Tensor>& mine) {
@@ -190,8 +191,8 @@ TEST(MergeCallTest, NestedCallForEachReplicaInsideMergeFn) {
       auto inner = strategy.extended().call_for_each_replica([](ReplicaContext& inner_ctx) {
         const Tensor x = constant(inner_ctx.replica_id_in_sync_group() + 1);
         Tensor total = inner_ctx.all_reduce(ReduceOp::kSum, x);
-        return inner_ctx.merge_call(
-            [](Strategy&, const PerReplica<Tensor>& t) { return t[0].scalar<int>() * 100; }, total);
+        return inner_ctx.merge_call([](Strategy&, const PerReplica<Tensor>& t) { return t[0].scalar<int>() * 100; },
+                                    total);
       });
       return inner[0] + inner[1];
     });

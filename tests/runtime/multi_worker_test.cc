@@ -3,9 +3,8 @@
 // in-process communicator (one member per worker) instead of MPI. The same
 // cases run under mpirun in tests/mpi/multi_worker_mpi_test.cc; here they
 // also run under ThreadSanitizer and AddressSanitizer.
-#include "testing/multi_worker_cases.h"
-
 #include "comm/threads/shared_memory_communicator.h"
+#include "testing/multi_worker_cases.h"
 #include "testing/threads.h"
 
 namespace distribute::testing {
@@ -64,11 +63,10 @@ TEST(MultiWorkerMirroredStrategyTest, WithoutWorkersItIsOneWorker) {
 
 TEST(MultiWorkerMirroredStrategyTest, RejectsBadLocalReplicas) {
   EXPECT_THROW(MultiWorkerMirroredStrategy(0, nullptr), InvalidArgumentError);
-  EXPECT_THROW(MultiWorkerMirroredStrategy(std::vector<std::string>{"CPU:0", "cpu:0"}, nullptr),
-               InvalidArgumentError);
-  EXPECT_THROW(MultiWorkerMirroredStrategy(std::vector<std::string>{"/job:worker/replica:0/task:1/device:CPU:0"},
-                                           nullptr),
-               InvalidArgumentError);
+  EXPECT_THROW(MultiWorkerMirroredStrategy(std::vector<std::string>{"CPU:0", "cpu:0"}, nullptr), InvalidArgumentError);
+  EXPECT_THROW(
+      MultiWorkerMirroredStrategy(std::vector<std::string>{"/job:worker/replica:0/task:1/device:CPU:0"}, nullptr),
+      InvalidArgumentError);
 }
 
 TEST(MultiWorkerMirroredStrategyTest, DescribeNamesTheWorker) {

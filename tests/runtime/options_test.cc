@@ -23,15 +23,15 @@ TEST(CommunicationOptionsTest, ValidateRejectsNegativeValues) {
 }
 
 TEST(CommunicationOptionsTest, MergeOverridesOnlyNonDefaultFields) {
-  CommunicationOptions base{.bytes_per_pack = 100, .timeout = std::chrono::seconds(5),
-                            .implementation = CommunicationImplementation::kRing};
+  CommunicationOptions base{
+      .bytes_per_pack = 100, .timeout = std::chrono::seconds(5), .implementation = CommunicationImplementation::kRing};
   CommunicationOptions same = base.merge({});
   EXPECT_EQ(same.bytes_per_pack, 100);
   EXPECT_DOUBLE_EQ(same.timeout->count(), 5);
   EXPECT_EQ(same.implementation, CommunicationImplementation::kRing);
-  CommunicationOptions over =
-      base.merge({.bytes_per_pack = 7, .timeout = std::chrono::milliseconds(250),
-                  .implementation = CommunicationImplementation::kNccl});
+  CommunicationOptions over = base.merge({.bytes_per_pack = 7,
+                                          .timeout = std::chrono::milliseconds(250),
+                                          .implementation = CommunicationImplementation::kNccl});
   EXPECT_EQ(over.bytes_per_pack, 7);
   EXPECT_DOUBLE_EQ(over.timeout->count(), 0.25);
   EXPECT_EQ(over.implementation, CommunicationImplementation::kNccl);
@@ -62,10 +62,10 @@ TEST(CommunicationOptionsTest, ZeroTimeoutDisablesTheStrategyDefault) {
 }
 
 TEST(ErrorsTest, ThrowErrorMapsEveryCode) {
-  for (ErrorCode code : {ErrorCode::kCancelled, ErrorCode::kInvalidArgument, ErrorCode::kDeadlineExceeded,
-                         ErrorCode::kNotFound, ErrorCode::kFailedPrecondition, ErrorCode::kAborted,
-                         ErrorCode::kOutOfRange, ErrorCode::kUnimplemented, ErrorCode::kInternal,
-                         ErrorCode::kUnavailable, ErrorCode::kResourceExhausted}) {
+  for (ErrorCode code :
+       {ErrorCode::kCancelled, ErrorCode::kInvalidArgument, ErrorCode::kDeadlineExceeded, ErrorCode::kNotFound,
+        ErrorCode::kFailedPrecondition, ErrorCode::kAborted, ErrorCode::kOutOfRange, ErrorCode::kUnimplemented,
+        ErrorCode::kInternal, ErrorCode::kUnavailable, ErrorCode::kResourceExhausted}) {
     try {
       throw_error(code, "m");
     } catch (const Error& e) {

@@ -33,8 +33,8 @@ std::vector<std::uint64_t> seeds(std::uint64_t salt) {
 
 std::string rerun(std::uint64_t seed) { return testing::rerun_hint(seed); }
 
-using testing::RandomCase;
 using testing::random_case;
+using testing::RandomCase;
 using testing::uniform;
 
 TEST(RandomizedTest, AllReduceOfRandomNestsMatchesTheReference) {
@@ -51,9 +51,9 @@ TEST(RandomizedTest, AllReduceOfRandomNestsMatchesTheReference) {
       const Tensor want = reference_reduce(c.op, c.column(i));
       for (int r = 0; r < n; ++r) {
         const Tensor got = results.values()[static_cast<std::size_t>(r)].flatten()[i];
-        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << r << " of " << n << ", leaf " << i << ", "
-                                              << to_string(c.op) << ", bytes_per_pack " << c.bytes_per_pack
-                                              << ": got " << got.repr() << ", want " << want.repr();
+        ASSERT_TRUE(bitwise_equal(got, want))
+            << "replica " << r << " of " << n << ", leaf " << i << ", " << to_string(c.op) << ", bytes_per_pack "
+            << c.bytes_per_pack << ": got " << got.repr() << ", want " << want.repr();
       }
     }
   }
@@ -66,14 +66,14 @@ TEST(RandomizedTest, RaggedAllGatherOfRandomNestsMatchesTheReference) {
     const int n = uniform(gen, 1, 8);
     const RandomCase c = random_case(gen, n, /*ragged=*/true);
     auto s = testing::mirrored(n);
-    auto results = s->run(
-        [&](ReplicaContext& ctx) { return ctx.all_gather(c.value_of(ctx.replica_id_in_sync_group()), c.axis); });
+    auto results =
+        s->run([&](ReplicaContext& ctx) { return ctx.all_gather(c.value_of(ctx.replica_id_in_sync_group()), c.axis); });
     for (std::size_t i = 0; i < c.leaves(); ++i) {
       const Tensor want = reference_gather(c.column(i), c.normalized);
       for (int r = 0; r < n; ++r) {
         const Tensor got = results.values()[static_cast<std::size_t>(r)].flatten()[i];
-        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << r << " of " << n << ", leaf " << i << ", axis "
-                                              << c.axis << ": got " << got.repr() << ", want " << want.repr();
+        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << r << " of " << n << ", leaf " << i << ", axis " << c.axis
+                                              << ": got " << got.repr() << ", want " << want.repr();
       }
     }
   }
@@ -96,9 +96,9 @@ TEST(RandomizedTest, BroadcastOfRandomNestsGivesEveryReplicaTheRoots) {
       const Tensor want = c.column(i)[static_cast<std::size_t>(root)];
       for (int r = 0; r < n; ++r) {
         const Tensor got = results.values()[static_cast<std::size_t>(r)].flatten()[i];
-        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << r << " of " << n << ", root " << root << ", leaf "
-                                              << i << ", bytes_per_pack " << c.bytes_per_pack << ": got "
-                                              << got.repr() << ", want " << want.repr();
+        ASSERT_TRUE(bitwise_equal(got, want))
+            << "replica " << r << " of " << n << ", root " << root << ", leaf " << i << ", bytes_per_pack "
+            << c.bytes_per_pack << ": got " << got.repr() << ", want " << want.repr();
       }
     }
   }

@@ -49,7 +49,8 @@ TEST(ReplicaPoolTest, APoolThatCannotStartAllItsThreadsFailsCleanly) {
   EXPECT_THROW(MirroredStrategy({"CPU:0", "CPU:1"}), std::system_error);
   fail_thread_starts_for_testing(-1);
   MirroredStrategy s({"CPU:0", "CPU:1"});
-  EXPECT_EQ(s.run([](ReplicaContext& ctx) { return ctx.replica_id_in_sync_group(); }).values(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(s.run([](ReplicaContext& ctx) { return ctx.replica_id_in_sync_group(); }).values(),
+            (std::vector<int>{0, 1}));
 }
 
 }  // namespace

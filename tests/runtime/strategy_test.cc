@@ -4,8 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <map>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -240,10 +240,14 @@ TEST(RunTest, MapsOptionalsAndIndexedSlicesAreSelectedPerReplica) {
 TEST(RunTest, AMergeFnsMapOfMirroredValuesIsSelectedPerReplica) {
   auto s = testing::mirrored(3);
   auto r = s->run([](ReplicaContext& ctx) {
-    const std::map<std::string, Tensor> got = ctx.merge_call([](Strategy& strategy, const PerReplica<Tensor>& ids) {
-      return std::map<std::string, Mirrored<Tensor>>{{"sum", strategy.extended().reduce_to(ReduceOp::kSum, ids, ids)}};
-    }, constant(ctx.replica_id_in_sync_group()));
-    return got.at("sum").device() == ctx.strategy().extended().worker_devices()[static_cast<std::size_t>(ctx.local_replica_id())]
+    const std::map<std::string, Tensor> got = ctx.merge_call(
+        [](Strategy& strategy, const PerReplica<Tensor>& ids) {
+          return std::map<std::string, Mirrored<Tensor>>{
+              {"sum", strategy.extended().reduce_to(ReduceOp::kSum, ids, ids)}};
+        },
+        constant(ctx.replica_id_in_sync_group()));
+    return got.at("sum").device() ==
+                   ctx.strategy().extended().worker_devices()[static_cast<std::size_t>(ctx.local_replica_id())]
                ? got.at("sum").scalar<int>()
                : -1;
   });
@@ -267,7 +271,8 @@ TEST(RunTest, WrongNumberOfComponentsInsideAnArgumentIsAnError) {
   const PerReplica<int> two(std::vector<int>{1, 2});
   std::atomic<int> calls{0};
   const auto expect_refused = [&](const auto& arg, const std::string& components) {
-    const std::string msg = testing::expect_throw<InvalidArgumentError>([&] { s->run([&](const auto&) { ++calls; }, arg); });
+    const std::string msg =
+        testing::expect_throw<InvalidArgumentError>([&] { s->run([&](const auto&) { ++calls; }, arg); });
     EXPECT_NE(msg.find("run: a distributed value has " + components + " components but"), std::string::npos) << msg;
   };
   expect_refused(std::make_tuple(two, three), "3");
@@ -277,7 +282,7 @@ TEST(RunTest, WrongNumberOfComponentsInsideAnArgumentIsAnError) {
   expect_refused(std::map<std::string, PerReplica<int>>{{"a", two}, {"b", three}}, "3");
   expect_refused(std::vector<std::optional<std::tuple<PerReplica<int>>>>{std::make_tuple(one)}, "1");
   expect_refused(std::vector<std::pair<PerReplica<int>, int>>{{three, 0}}, "3");  // a vector of pairs is no map
-  EXPECT_EQ(calls.load(), 0);  // no replica ran
+  EXPECT_EQ(calls.load(), 0);                                                     // no replica ran
   // The right count, or none at all, runs.
   s->run([&](const std::map<std::string, int>&, const std::optional<int>&) { ++calls; },
          std::map<std::string, PerReplica<int>>{{"a", two}}, std::optional<PerReplica<int>>());
@@ -308,8 +313,9 @@ TEST(RunTest, ResultsOfDifferentStructuresAreRefused) {
   auto msg = testing::expect_throw<InvalidArgumentError>([&] {
     s->run([](ReplicaContext& ctx) {
       const int id = ctx.replica_id_in_sync_group();
-      return N::dict({{"a", constant(1)}, {"b", id == 2 ? N::list({constant(1), constant(2), constant(3)})
-                                                        : N::list({constant(1), constant(2)})}});
+      return N::dict(
+          {{"a", constant(1)},
+           {"b", id == 2 ? N::list({constant(1), constant(2), constant(3)}) : N::list({constant(1), constant(2)})}});
     });
   });
   EXPECT_NE(msg.find("run: the replicas returned results of different structures"), std::string::npos) << msg;
@@ -333,7 +339,7 @@ TEST(RunTest, ResultsOfDifferentStructuresAreRefused) {
   msg = testing::expect_throw<InvalidArgumentError>([&] {
     s->run([](ReplicaContext& ctx) {
       return std::make_pair(constant(1), ctx.replica_id_in_sync_group() == 0 ? std::optional<Tensor>()
-                                                                           : std::optional<Tensor>(constant(2)));
+                                                                             : std::optional<Tensor>(constant(2)));
     });
   });
   EXPECT_NE(msg.find("replica 0: (*, None); replica 1: (*, *)"), std::string::npos) << msg;
@@ -396,7 +402,8 @@ TEST(ReduceTest, AxisErrors) {
 TEST(ReduceTest, NonDistributedValues) {
   auto s = testing::mirrored(2);
   EXPECT_EQ(s->reduce(ReduceOp::kMean, constant(5.f), std::nullopt), constant(5.f));
-  auto msg = testing::expect_throw<InvalidArgumentError>([&] { s->reduce(ReduceOp::kSum, constant(5.f), std::nullopt); });
+  auto msg =
+      testing::expect_throw<InvalidArgumentError>([&] { s->reduce(ReduceOp::kSum, constant(5.f), std::nullopt); });
   EXPECT_NE(msg.find("A non-DistributedValues value 5.0 cannot be reduced with the given reduce op SUM."),
             std::string::npos)
       << msg;
@@ -455,8 +462,9 @@ TEST(ReduceTest, IndexedSlicesConcatenateAcrossReplicas) {
   }
   auto s = testing::mirrored(2);
   const IndexedSlices a(constant({{1.f}}), constant({0}), Shape{3, 1});
-  auto msg = testing::expect_throw<InvalidArgumentError>(
-      [&] { s->reduce(ReduceOp::kMin, PerReplica<IndexedSlices>({a, a})); });
+  auto msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->reduce(ReduceOp::kMin, PerReplica<IndexedSlices>({a, a}));
+  });
   EXPECT_NE(msg.find("reduce of IndexedSlices supports SUM and MEAN only, not MIN"), std::string::npos) << msg;
   const IndexedSlices wider(constant({{1.f}}), constant({0}), Shape{4, 1});
   msg = testing::expect_throw<InvalidArgumentError>([&] {
@@ -473,7 +481,8 @@ TEST(ReduceTest, IndexedSlicesConcatenateAcrossReplicas) {
 TEST(ReduceTest, BatchReduceToTakesNonDistributedValues) {
   auto s = testing::mirrored(2);
   const auto out = s->extended().batch_reduce_to(
-      ReduceOp::kMean, {{constant(5.f), Destinations("CPU:0")}, {constant({1, 2}), Destinations::of_devices(s->devices())}});
+      ReduceOp::kMean,
+      {{constant(5.f), Destinations("CPU:0")}, {constant({1, 2}), Destinations::of_devices(s->devices())}});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].primary(), constant(5.f));
   EXPECT_EQ(out[1].component(1), constant({1, 2}));
@@ -494,12 +503,14 @@ TEST(ReduceTest, MirroredValueAlongAnAxis) {
 
 TEST(ReduceTest, EmptyAxisGivesTheIdentityOfTheDtype) {
   auto s = testing::mirrored(2);
-  auto empty = PerReplica<Tensor>(std::vector<Tensor>{Tensor(DType::kInt32, Shape{0, 2}), Tensor(DType::kInt32, Shape{0, 2})});
+  auto empty =
+      PerReplica<Tensor>(std::vector<Tensor>{Tensor(DType::kInt32, Shape{0, 2}), Tensor(DType::kInt32, Shape{0, 2})});
   EXPECT_EQ(s->reduce(ReduceOp::kMin, empty, 0), fill(DType::kInt32, Shape{2}, 2147483647));
   EXPECT_EQ(s->reduce(ReduceOp::kMax, empty, 0), fill(DType::kInt32, Shape{2}, -2147483648.0));
   EXPECT_EQ(s->reduce(ReduceOp::kSum, empty, 0), fill(DType::kInt32, Shape{2}, 0));
   EXPECT_THROW(s->reduce(ReduceOp::kMean, empty, 0), InvalidArgumentError);
-  auto empty_f = PerReplica<Tensor>(std::vector<Tensor>{Tensor(DType::kFloat32, Shape{0}), Tensor(DType::kFloat32, Shape{0})});
+  auto empty_f =
+      PerReplica<Tensor>(std::vector<Tensor>{Tensor(DType::kFloat32, Shape{0}), Tensor(DType::kFloat32, Shape{0})});
   EXPECT_TRUE(std::isnan(s->reduce(ReduceOp::kMean, empty_f, 0).scalar<float>()));
   EXPECT_TRUE(std::isinf(s->reduce(ReduceOp::kMin, empty_f, 0).scalar<float>()));
 }
@@ -516,11 +527,13 @@ TEST(GatherTest, ConcatenatesInReplicaOrderRaggedAlongAxis) {
 
 TEST(GatherTest, Errors) {
   auto s = testing::mirrored(2);
-  auto rank0 = testing::expect_throw<InvalidArgumentError>(
-      [&] { s->gather(per_replica({constant(1), constant(2)}), 0); });
+  auto rank0 = testing::expect_throw<InvalidArgumentError>([&] {
+    s->gather(per_replica({constant(1), constant(2)}), 0);
+  });
   EXPECT_NE(rank0.find("rank >= 1"), std::string::npos) << rank0;
-  auto dims = testing::expect_throw<InvalidArgumentError>(
-      [&] { s->gather(per_replica({constant({{1, 2}}), constant({{1, 2, 3}})}), 0); });
+  auto dims = testing::expect_throw<InvalidArgumentError>([&] {
+    s->gather(per_replica({constant({{1, 2}}), constant({{1, 2, 3}})}), 0);
+  });
   EXPECT_NE(dims.find("Dimension 1"), std::string::npos) << dims;
   EXPECT_NE(dims.find("replica 0: (1, 2)"), std::string::npos) << dims;
   EXPECT_NE(dims.find("replica 1: (1, 3)"), std::string::npos) << dims;
@@ -589,12 +602,14 @@ TEST(ExtendedTest, BatchReduceToNamesTheBadValue) {
   auto s = testing::mirrored(2);
   auto good = per_replica({constant(1.f), constant(2.f)});
   auto bad = per_replica({constant({1.f}), constant({1.f, 2.f})});
-  const std::string msg = testing::expect_throw<InvalidArgumentError>(
-      [&] { s->extended().batch_reduce_to(ReduceOp::kSum, {{good, "CPU:0"}, {bad, "CPU:0"}}); });
+  const std::string msg = testing::expect_throw<InvalidArgumentError>([&] {
+    s->extended().batch_reduce_to(ReduceOp::kSum, {{good, "CPU:0"}, {bad, "CPU:0"}});
+  });
   EXPECT_NE(msg.find("value 1: batch_reduce_to: the components must have the same dtype and shape"), std::string::npos)
       << msg;
-  EXPECT_TRUE(
-      s->extended().batch_reduce_to(ReduceOp::kSum, std::vector<std::pair<PerReplica<Tensor>, Destinations>>{}).empty());
+  EXPECT_TRUE(s->extended()
+                  .batch_reduce_to(ReduceOp::kSum, std::vector<std::pair<PerReplica<Tensor>, Destinations>>{})
+                  .empty());
 }
 
 TEST(ExtendedTest, BroadcastToEveryDevice) {

@@ -149,8 +149,8 @@ Spec make_spec(const Args& a, std::int64_t index) {
     Leaf leaf;
     leaf.dtype = kAllDTypes[gen() % std::size(kAllDTypes)];
     const std::int64_t max_elements = std::max<std::int64_t>(1, a.max_bytes / leaves / size_of(leaf.dtype));
-    leaf.elements = s.kind == Kind::kAllGather ? 1 + static_cast<std::int64_t>(gen() % 8)
-                                               : log_uniform_elements(gen, max_elements);
+    leaf.elements =
+        s.kind == Kind::kAllGather ? 1 + static_cast<std::int64_t>(gen() % 8) : log_uniform_elements(gen, max_elements);
     s.leaves.push_back(leaf);
   }
   return s;
@@ -245,11 +245,11 @@ Resources resources() {
 // ---- the run ----------------------------------------------------------------------
 
 struct Tally {
-  std::int64_t collectives = 0;       // all, in runs with a fault too
-  std::int64_t checked = 0;           // in runs without a fault: every result checked
-  std::int64_t by_kind[4] = {};       // of those checked
-  std::int64_t bytes = 0;             // input bytes of every replica
-  std::int64_t results_checked = 0;   // one per replica per leaf
+  std::int64_t collectives = 0;      // all, in runs with a fault too
+  std::int64_t checked = 0;          // in runs without a fault: every result checked
+  std::int64_t by_kind[4] = {};      // of those checked
+  std::int64_t bytes = 0;            // input bytes of every replica
+  std::int64_t results_checked = 0;  // one per replica per leaf
   std::int64_t wrong = 0;
   std::int64_t faults[6] = {};
   std::int64_t documented = 0;
@@ -257,7 +257,6 @@ struct Tally {
   double slowest_fault_ms = 0;
   std::int64_t hangs = 0;
 };
-
 
 // The error a fault must end in (docs/errors.md).
 bool documented(Fault fault, const std::exception& e) {
@@ -490,8 +489,7 @@ int soak(const Args& a) {
   if (soak.chief()) {
     std::printf("distribute-soak: %s, %s collectives, sizes up to %s bytes, a fault every %s collectives, seed %llu\n",
                 strategy->describe().c_str(), grouped(a.collectives).c_str(), grouped(a.max_bytes).c_str(),
-                a.fault_every > 0 ? grouped(a.fault_every).c_str() : "(none)",
-                static_cast<unsigned long long>(a.seed));
+                a.fault_every > 0 ? grouped(a.fault_every).c_str() : "(none)", static_cast<unsigned long long>(a.seed));
     std::fflush(stdout);
   }
   const Tally t = soak.run();

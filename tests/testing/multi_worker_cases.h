@@ -99,8 +99,8 @@ inline void IdsDevicesAndSeedExample(const WorkerEnv& env) {
   EXPECT_EQ(s->num_workers(), env.workers);
   EXPECT_EQ(s->first_replica_id(), env.worker * env.local_replicas);
   if (env.workers > 1) {
-    EXPECT_EQ(s->extended().worker_devices()[0], "/job:worker/replica:0/task:" + std::to_string(env.worker) +
-                                                      "/device:CPU:0");
+    EXPECT_EQ(s->extended().worker_devices()[0],
+              "/job:worker/replica:0/task:" + std::to_string(env.worker) + "/device:CPU:0");
   }
   // The seed: every replica adds 1; the sum is the number of replicas.
   auto r = s->run([](ReplicaContext& ctx) {
@@ -125,8 +125,8 @@ inline void AllReduceEveryOpAndDtype(const WorkerEnv& env) {
       expect_same_as_single_process(
           env, *s,
           [dtype, op](ReplicaContext& ctx, int g) {
-            const Tensor v = cast(constant({static_cast<float>(g + 1), static_cast<float>(g % 3 - 1), 2.f, -4.f}),
-                                  dtype);
+            const Tensor v =
+                cast(constant({static_cast<float>(g + 1), static_cast<float>(g % 3 - 1), 2.f, -4.f}), dtype);
             return ctx.all_reduce(op, v);
           },
           std::string(to_string(op)) + " of " + std::string(to_string(dtype)));
@@ -196,11 +196,11 @@ inline void AllReduceNestsOfIndexedSlicesAndTensors(const WorkerEnv& env) {
   };
   auto s = env.strategy();
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
-    auto got = s->run([&](ReplicaContext& ctx) { return ctx.all_reduce(op, value_of(ctx.replica_id_in_sync_group())); });
+    auto got =
+        s->run([&](ReplicaContext& ctx) { return ctx.all_reduce(op, value_of(ctx.replica_id_in_sync_group())); });
     auto reference = mirrored(env.replicas());
-    auto want = reference->run([&](ReplicaContext& ctx) {
-      return ctx.all_reduce(op, value_of(ctx.replica_id_in_sync_group()));
-    });
+    auto want = reference->run(
+        [&](ReplicaContext& ctx) { return ctx.all_reduce(op, value_of(ctx.replica_id_in_sync_group())); });
     for (const Mixed& g : got.values()) {
       EXPECT_EQ(std::get<IndexedSlices>(g["grads"][0].leaf()), std::get<IndexedSlices>(want[0]["grads"][0].leaf()));
       EXPECT_TRUE(identical(std::get<Tensor>(g["grads"][1].leaf()), std::get<Tensor>(want[0]["grads"][1].leaf())));
@@ -218,7 +218,8 @@ inline void CrossReplicaIndexedSlicesAcrossWorkers(const WorkerEnv& env) {
                          constant(std::vector<std::int64_t>(static_cast<std::size_t>(g % 2 + 1), g), Shape{g % 2 + 1}),
                          Shape{64, 2});
   };
-  const PerReplica<IndexedSlices> mine = s->run([&](ReplicaContext& ctx) { return slices_of(ctx.replica_id_in_sync_group()); });
+  const PerReplica<IndexedSlices> mine =
+      s->run([&](ReplicaContext& ctx) { return slices_of(ctx.replica_id_in_sync_group()); });
   std::vector<float> values;
   std::vector<std::int64_t> indices;
   for (int g = 0; g < env.replicas(); ++g) {
@@ -319,8 +320,8 @@ inline void ReplicaBroadcastFromEveryRoot(const WorkerEnv& env) {
     }
     auto r = s->run([root](ReplicaContext& ctx) {
       const int g = ctx.replica_id_in_sync_group();
-      return ctx.broadcast(Nest<Tensor>::list({fill(DType::kInt64, Shape{4}, g), fill(DType::kFloat64, Shape{2000}, -g)}),
-                           root);
+      return ctx.broadcast(
+          Nest<Tensor>::list({fill(DType::kInt64, Shape{4}, g), fill(DType::kFloat64, Shape{2000}, -g)}), root);
     });
     for (const Nest<Tensor>& got : r.values()) {
       EXPECT_EQ(got[0].leaf(), fill(DType::kInt64, Shape{4}, root));
@@ -430,12 +431,11 @@ inline void MismatchedCollectivesFailEverywhere(const WorkerEnv& env) {
   // The last replica calls `odd`, every other replica `usual`. With one local
   // replica per worker, a merge_call (local to each worker) meets a
   // collective of another worker: it must fail there, not at a later one.
-  const std::pair<Kind, Kind> cases[] = {{Kind::kAllReduce, Kind::kAllGather},
-                                         {Kind::kMergeCall, Kind::kAllReduce},
-                                         {Kind::kAllGather, Kind::kMergeCall}};
+  const std::pair<Kind, Kind> cases[] = {
+      {Kind::kAllReduce, Kind::kAllGather}, {Kind::kMergeCall, Kind::kAllReduce}, {Kind::kAllGather, Kind::kMergeCall}};
   for (const auto& [usual, odd] : cases) {
-    SCOPED_TRACE("the last replica calls collective " + std::to_string(static_cast<int>(odd)) +
-                 ", the others " + std::to_string(static_cast<int>(usual)));
+    SCOPED_TRACE("the last replica calls collective " + std::to_string(static_cast<int>(odd)) + ", the others " +
+                 std::to_string(static_cast<int>(usual)));
     std::string message;
     const std::string kind = error_kind(
         [&] {
@@ -476,8 +476,8 @@ inline void MismatchedShapesFailEverywhere(const WorkerEnv& env) {
     const int n = s->num_local_replicas();
     std::vector<Tensor> values(static_cast<std::size_t>(n),
                                fill(DType::kFloat32, Shape{env.worker == env.workers - 1 ? 3 : 2}, 1));
-    const std::string cross = error_kind([&] { s->reduce(ReduceOp::kSum, PerReplica<Tensor>(values), std::nullopt); },
-                                         &message);
+    const std::string cross =
+        error_kind([&] { s->reduce(ReduceOp::kSum, PerReplica<Tensor>(values), std::nullopt); }, &message);
     EXPECT_EQ(cross, "InvalidArgumentError") << message;
     EXPECT_NE(message.find("worker"), std::string::npos) << message;
   }
@@ -497,8 +497,8 @@ inline void MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable(const WorkerEnv&
         [&] {
           s->run([&](ReplicaContext& ctx) {
             const int g = ctx.replica_id_in_sync_group();
-            const bool odd_one = within_a_worker ? ctx.local_replica_id() == env.local_replicas - 1
-                                                 : env.worker == env.workers - 1;
+            const bool odd_one =
+                within_a_worker ? ctx.local_replica_id() == env.local_replicas - 1 : env.worker == env.workers - 1;
             const Tensor value = fill(DType::kFloat32, Shape{odd_one ? 3 : 2}, g);
             ctx.merge_call(
                 [](Strategy& strategy, const PerReplica<Tensor>& v) {
@@ -512,9 +512,8 @@ inline void MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable(const WorkerEnv&
     EXPECT_EQ(kind, "InvalidArgumentError") << message;
     EXPECT_NE(message.find("reduce_to"), std::string::npos) << message;
     // Usable: the next run computes the right sum on every worker.
-    const auto sums = s->run([](ReplicaContext& ctx) {
-      return ctx.all_reduce(ReduceOp::kSum, constant(ctx.replica_id_in_sync_group()));
-    });
+    const auto sums = s->run(
+        [](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(ctx.replica_id_in_sync_group())); });
     const int n = env.replicas();
     for (const Tensor& t : s->experimental_local_results(sums)) EXPECT_EQ(t.scalar<int>(), n * (n - 1) / 2);
   }
@@ -656,8 +655,8 @@ inline void UnequalLocalReplicaCountsAreRejected(const WorkerEnv& env) {
   std::string message;
   CommunicationOptions options;
   options.timeout = kTestTimeout;
-  const std::string kind = error_kind(
-      [&] { env.make(env.local_replicas + (env.worker == env.workers - 1 ? 1 : 0), options); }, &message);
+  const std::string kind =
+      error_kind([&] { env.make(env.local_replicas + (env.worker == env.workers - 1 ? 1 : 0), options); }, &message);
   EXPECT_EQ(kind, "InvalidArgumentError") << message;
   EXPECT_NE(message.find("same number of local replicas"), std::string::npos) << message;
 }
@@ -687,8 +686,7 @@ inline void AWorkerWithBadArgumentsFailsEveryWorkerAtOnce(const WorkerEnv& env) 
     EXPECT_EQ(kind, "InvalidArgumentError") << message;
     EXPECT_NE(message.find(bad), std::string::npos) << message;
     if (env.worker != culprit) {
-      EXPECT_NE(message.find("worker " + std::to_string(culprit) + " could not create its strategy"),
-                std::string::npos)
+      EXPECT_NE(message.find("worker " + std::to_string(culprit) + " could not create its strategy"), std::string::npos)
           << message;
     }
     EXPECT_LT(seconds, 10.0) << message;  // the timeout is 20 s
@@ -740,8 +738,7 @@ inline void SumAssignOfOneValueIsRefused(const WorkerEnv& env) {
   }
   if (env.replicas() > 1) {
     std::string message;
-    const std::string kind =
-        error_kind([&] { s->run([&](ReplicaContext&) { w->assign(constant(5.f)); }); }, &message);
+    const std::string kind = error_kind([&] { s->run([&](ReplicaContext&) { w->assign(constant(5.f)); }); }, &message);
     EXPECT_EQ(kind, "InvalidArgumentError") << message;
     EXPECT_NE(message.find("A non-DistributedValues value 5.0 cannot be reduced with the given reduce op SUM."),
               std::string::npos)
@@ -815,7 +812,7 @@ inline void VariablesStartFromWorkerZeroAndAggregateAcrossWorkers(const WorkerEn
         [&] {
           auto scope = s->scope();
           const Tensor init = env.worker == env.workers - 1 ? constant(std::vector<int>{0, 0}, Shape{2})
-                                                              : fill(DType::kFloat32, Shape{2}, 0);
+                                                            : fill(DType::kFloat32, Shape{2}, 0);
           MirroredVariable bad(init, {.aggregation = VariableAggregation::kMean});
         },
         &message);
@@ -950,8 +947,7 @@ inline void ABadBatchOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
   ASSERT_TRUE(in_merge.get_next());
   std::string message;
   const std::string kind = error_kind(
-      [&] { s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { in_merge.get_next(); }); }); },
-      &message);
+      [&] { s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { in_merge.get_next(); }); }); }, &message);
   EXPECT_EQ(kind, "InvalidArgumentError") << message;
   EXPECT_NE(message.find("a batch has 9 rows"), std::string::npos) << message;
   // Global batches that differ between workers (the last worker's has 3
@@ -963,8 +959,7 @@ inline void ABadBatchOnOneWorkerFailsEveryWorker(const WorkerEnv& env) {
         }),
         4);
     const std::string differ = error_kind(
-        [&] { s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { uneven.get_next(); }); }); },
-        &message);
+        [&] { s->run([&](ReplicaContext& ctx) { ctx.merge_call([&](Strategy&) { uneven.get_next(); }); }); }, &message);
     EXPECT_EQ(differ, "InvalidArgumentError") << message;
     EXPECT_NE(message.find("the workers' global batches differ"), std::string::npos) << message;
   }
@@ -1007,8 +1002,7 @@ inline void APipelineThatFailsOnOneWorkerFailsEveryWorker(const WorkerEnv& env) 
     });
     const std::string dry_kind = error_kind([&] { dry.get_next(); }, &message);
     EXPECT_EQ(dry_kind, "InvalidArgumentError") << "worker " << env.worker << ": " << message;
-    EXPECT_NE(message.find("worker " + std::to_string(bad) + "'s dataset produced no batch at all"),
-              std::string::npos)
+    EXPECT_NE(message.find("worker " + std::to_string(bad) + "'s dataset produced no batch at all"), std::string::npos)
         << message;
   }
   // Every worker is still in step: a reduce across every replica.
@@ -1035,9 +1029,9 @@ inline void RandomCollectivesMatchTheReference(const WorkerEnv& env) {
                                  : reference_reduce_multi_worker(c.op, c.column(i), env.local_replicas);
       for (int r = 0; r < s->num_local_replicas(); ++r) {
         const Tensor got = results.values()[static_cast<std::size_t>(r)].flatten()[i];
-        ASSERT_TRUE(bitwise_equal(got, want)) << "replica " << s->first_replica_id() + r << ", leaf " << i
-                                              << (ragged ? ", all_gather" : ", all_reduce ") << ": got "
-                                              << got.repr() << ", want " << want.repr();
+        ASSERT_TRUE(bitwise_equal(got, want))
+            << "replica " << s->first_replica_id() + r << ", leaf " << i << (ragged ? ", all_gather" : ", all_reduce ")
+            << ": got " << got.repr() << ", want " << want.repr();
       }
     }
   }
@@ -1111,36 +1105,36 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
 }
 
 // Every case, for the harnesses' TEST macros.
-#define DISTRIBUTE_MULTI_WORKER_CASES(X)              \
-  X(IdsDevicesAndSeedExample)                   \
-  X(AllReduceEveryOpAndDtype)                   \
-  X(AllReduceLargeNestedAndPacked)              \
-  X(AllReduceIndexedSlices)                     \
-  X(AllReduceNestsOfIndexedSlicesAndTensors)    \
-  X(CrossReplicaIndexedSlicesAcrossWorkers)      \
-  X(NonDistributedValuesAreOnePerWorker)         \
-  X(SumAssignOfOneValueIsRefused)                \
-  X(AllGatherRaggedNested)                      \
-  X(ReplicaBroadcastFromEveryRoot)              \
-  X(MergeCallOncePerWorkerAndReduceToAcrossWorkers) \
-  X(StrategyReduceGatherAndBroadcastTo)         \
-  X(MismatchedCollectivesFailEverywhere)        \
-  X(MismatchedShapesFailEverywhere)             \
-  X(MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable) \
-  X(MergeFnThrowingOnOneWorkerAbortsTheOthers) \
-  X(ReplicaThrowsAbortsEveryWorker)             \
-  X(LateWorkerTimesOutEverywhere)               \
-  X(APerCallTimeoutBoundsReduceToAcrossWorkers) \
-  X(APerCallTimeoutBoundsBatchReduceToAcrossWorkers) \
-  X(UnequalLocalReplicaCountsAreRejected)      \
-  X(AWorkerWithBadArgumentsFailsEveryWorkerAtOnce) \
-  X(AWorkerWhoseStrategyFailsLateFailsEveryWorkerAtOnce) \
+#define DISTRIBUTE_MULTI_WORKER_CASES(X)                   \
+  X(IdsDevicesAndSeedExample)                              \
+  X(AllReduceEveryOpAndDtype)                              \
+  X(AllReduceLargeNestedAndPacked)                         \
+  X(AllReduceIndexedSlices)                                \
+  X(AllReduceNestsOfIndexedSlicesAndTensors)               \
+  X(CrossReplicaIndexedSlicesAcrossWorkers)                \
+  X(NonDistributedValuesAreOnePerWorker)                   \
+  X(SumAssignOfOneValueIsRefused)                          \
+  X(AllGatherRaggedNested)                                 \
+  X(ReplicaBroadcastFromEveryRoot)                         \
+  X(MergeCallOncePerWorkerAndReduceToAcrossWorkers)        \
+  X(StrategyReduceGatherAndBroadcastTo)                    \
+  X(MismatchedCollectivesFailEverywhere)                   \
+  X(MismatchedShapesFailEverywhere)                        \
+  X(MergeFnMismatchFailsAlikeAndLeavesTheStrategyUsable)   \
+  X(MergeFnThrowingOnOneWorkerAbortsTheOthers)             \
+  X(ReplicaThrowsAbortsEveryWorker)                        \
+  X(LateWorkerTimesOutEverywhere)                          \
+  X(APerCallTimeoutBoundsReduceToAcrossWorkers)            \
+  X(APerCallTimeoutBoundsBatchReduceToAcrossWorkers)       \
+  X(UnequalLocalReplicaCountsAreRejected)                  \
+  X(AWorkerWithBadArgumentsFailsEveryWorkerAtOnce)         \
+  X(AWorkerWhoseStrategyFailsLateFailsEveryWorkerAtOnce)   \
   X(VariablesStartFromWorkerZeroAndAggregateAcrossWorkers) \
-  X(OptimizerStepsMatchTheSingleProcessStrategy)  \
-  X(DatasetsSplitAcrossWorkersAndEndTogether)   \
-  X(ABadBatchOnOneWorkerFailsEveryWorker)       \
-  X(APipelineThatFailsOnOneWorkerFailsEveryWorker) \
-  X(RandomCollectivesMatchTheReference)          \
+  X(OptimizerStepsMatchTheSingleProcessStrategy)           \
+  X(DatasetsSplitAcrossWorkersAndEndTogether)              \
+  X(ABadBatchOnOneWorkerFailsEveryWorker)                  \
+  X(APipelineThatFailsOnOneWorkerFailsEveryWorker)         \
+  X(RandomCollectivesMatchTheReference)                    \
   X(InjectedFaultsFailAlikeEverywhere)
 
 }  // namespace distribute::testing

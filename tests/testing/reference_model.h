@@ -141,7 +141,8 @@ inline Tensor reference_gather(const std::vector<Tensor>& values, int axis) {
   for (std::int64_t o = 0; o < outer; ++o) {
     for (const Tensor& v : values) {
       const std::size_t block = outer == 0 ? 0 : v.nbytes() / static_cast<std::size_t>(outer);
-      if (block) std::memcpy(dst, static_cast<const std::byte*>(v.raw_data()) + static_cast<std::size_t>(o) * block, block);
+      if (block)
+        std::memcpy(dst, static_cast<const std::byte*>(v.raw_data()) + static_cast<std::size_t>(o) * block, block);
       dst += block;
     }
   }
@@ -219,7 +220,8 @@ inline Nest<int> random_structure(std::mt19937_64& gen, int& next, int depth = 0
   if (kind == 1) return Nest<int>::list(items);
   if (kind == 2) return Nest<int>::tuple(items);
   Nest<int>::Items keyed;
-  for (int i = 0; i < width; ++i) keyed.emplace_back(std::string(1, static_cast<char>('a' + i)), items[static_cast<std::size_t>(i)]);
+  for (int i = 0; i < width; ++i)
+    keyed.emplace_back(std::string(1, static_cast<char>('a' + i)), items[static_cast<std::size_t>(i)]);
   return Nest<int>::dict(keyed);
 }
 
@@ -230,8 +232,8 @@ struct RandomCase {
   std::vector<std::vector<Tensor>> inputs;
   ReduceOp op = ReduceOp::kSum;
   std::int64_t bytes_per_pack = 0;
-  int axis = 0;         // as passed (may be negative)
-  int normalized = 0;   // in [0, 3)
+  int axis = 0;        // as passed (may be negative)
+  int normalized = 0;  // in [0, 3)
 
   Nest<Tensor> value_of(int replica) const {
     return Nest<Tensor>::pack_sequence_as(structure, inputs[static_cast<std::size_t>(replica)]);

@@ -29,8 +29,7 @@ inline bool refuses_writes(const Tensor& t, const std::string& described, const 
 // of the last result, as a training step does; returns the fresh storage
 // blocks taken after the first step (0: the storage came back every time).
 // `check` gets the last result.
-inline std::uint64_t fresh_blocks_after_the_first_step(Strategy& s,
-                                                       const std::function<Tensor(ReplicaContext&)>& step,
+inline std::uint64_t fresh_blocks_after_the_first_step(Strategy& s, const std::function<Tensor(ReplicaContext&)>& step,
                                                        const std::function<void(const Tensor&)>& check) {
   std::atomic<std::uint64_t> fresh_after_first{0}, fresh_at_end{0};
   s.run([&](ReplicaContext& ctx) {

@@ -5,12 +5,12 @@
 #include <distribute/distribute.h>
 #include <gtest/gtest.h>
 
-#include "testing/errors.h"
-
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "testing/errors.h"
 
 namespace distribute::testing {
 

@@ -2,16 +2,14 @@
 // the equivalence of replica layouts (same seed, same global batch, same
 // parameters after 50 steps).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <zlib.h>
 
 #include "equivalence.h"
 #include "fashion_mnist.h"
@@ -75,18 +73,20 @@ TEST(MlpTest, GradientsMatchFiniteDifferences) {
   const Tensor x = iota(DType::kFloat32, Shape{4, 6}, -1, 0.1);
   const Tensor y = constant({0, 2, 1, 2});
   auto loss_at = [&]() {
-    return s->run([&] {
-      Mlp::Workspace ws;
-      return mlp->evaluate(x, y, ws).loss_sum;
-    }).values()[0];
+    return s
+        ->run([&] {
+          Mlp::Workspace ws;
+          return mlp->evaluate(x, y, ws).loss_sum;
+        })
+        .values()[0];
   };
   std::vector<Tensor> grads = s->run([&] {
-    Mlp::Workspace ws;
-    mlp->forward_backward(x, y, 4.0, ws);
-    std::vector<Tensor> out;
-    for (const Tensor& g : ws.gradients) out.push_back(g.clone());
-    return out;
-  }).values()[0];
+                                 Mlp::Workspace ws;
+                                 mlp->forward_backward(x, y, 4.0, ws);
+                                 std::vector<Tensor> out;
+                                 for (const Tensor& g : ws.gradients) out.push_back(g.clone());
+                                 return out;
+                               }).values()[0];
   for (std::size_t k = 0; k < mlp->variables().size(); ++k) {
     Variable v = mlp->variables()[k];
     for (std::int64_t i = 0; i < v.shape().num_elements(); i += 3) {
@@ -99,8 +99,7 @@ TEST(MlpTest, GradientsMatchFiniteDifferences) {
       const double down = loss_at();
       w = saved;
       const double numeric = (up - down) / (2 * h) / 4.0;
-      EXPECT_NEAR(grads[k].flat<float>()[static_cast<std::size_t>(i)], numeric, 2e-3)
-          << v.name() << " element " << i;
+      EXPECT_NEAR(grads[k].flat<float>()[static_cast<std::size_t>(i)], numeric, 2e-3) << v.name() << " element " << i;
     }
   }
 }
@@ -130,9 +129,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           (std::string("distribute_") + info->test_suite_name() + "." + info->name() + "." +
-            std::to_string(::getpid()));
+    dir_ = std::filesystem::path(::testing::TempDir()) / (std::string("distribute_") + info->test_suite_name() + "." +
+                                                          info->name() + "." + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
   ~ScratchDir() {

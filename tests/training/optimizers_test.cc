@@ -50,7 +50,9 @@ MirroredVariable train(Optimizer& opt, int n, int steps) {
     w.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "w"});
   }
   for (int step = 0; step < steps; ++step) {
-    s->run([&](ReplicaContext& ctx) { opt.apply_gradients({{gradient(ctx.replica_id_in_sync_group(), step, kBase), *w}}); });
+    s->run([&](ReplicaContext& ctx) {
+      opt.apply_gradients({{gradient(ctx.replica_id_in_sync_group(), step, kBase), *w}});
+    });
   }
   // Every component was updated once per step, identically.
   for (const Tensor& c : w->values()) EXPECT_EQ(c, w->values()[0]);
@@ -245,8 +247,9 @@ TEST(OptimizerTest, BadCallsRaiseClearErrors) {
   auto other = mirrored(2);
   msg = expect_throw<FailedPreconditionError>([&] { other->run([&] { sgd.apply_gradients({{constant(1.f), *b}}); }); });
   EXPECT_NE(msg.find("Mixing different tf.distribute.Strategy objects"), std::string::npos) << msg;
-  EXPECT_NE(expect_throw<InvalidArgumentError>([] { SGD bad({.momentum = 1.5}); }).find("`momentum` must be between [0, 1]"),
-            std::string::npos);
+  EXPECT_NE(
+      expect_throw<InvalidArgumentError>([] { SGD bad({.momentum = 1.5}); }).find("`momentum` must be between [0, 1]"),
+      std::string::npos);
   EXPECT_THROW(Adam({.beta_1 = 1.0}), InvalidArgumentError);
 }
 

@@ -78,10 +78,10 @@ TEST(VariableCreation, RejectsWhatTensorFlowRejects) {
               Variable v(constant(1), {.aggregation = VariableAggregation::kMean});
             }).find("aggregation=MEAN and a non-floating dtype"),
             std::string::npos);
-  EXPECT_NE(expect_throw<InvalidArgumentError>([] {
-              Variable v(constant(1.f), {.name = "x", .synchronization = VariableSynchronization::kNone});
-            }).find("`NONE` variable synchronization mode is not supported with tf.distribute strategy. Please "
-                    "change the `synchronization` for variable: x"),
+  EXPECT_NE(expect_throw<InvalidArgumentError>(
+                [] { Variable v(constant(1.f), {.name = "x", .synchronization = VariableSynchronization::kNone}); })
+                .find("`NONE` variable synchronization mode is not supported with tf.distribute strategy. Please "
+                      "change the `synchronization` for variable: x"),
             std::string::npos);
   EXPECT_NE(expect_throw<InvalidArgumentError>([] {
               SyncOnReadVariable v(constant(1.f), {.trainable = true});
@@ -99,9 +99,8 @@ TEST(VariableCreation, RejectsWhatTensorFlowRejects) {
 
 TEST(VariableCreation, InsideRunIsRefused) {
   auto s = mirrored(2);
-  const std::string msg = expect_throw<FailedPreconditionError>([&] {
-    s->run([] { Variable v(constant(1.f), {.name = "late"}); });
-  });
+  const std::string msg =
+      expect_throw<FailedPreconditionError>([&] { s->run([] { Variable v(constant(1.f), {.name = "late"}); }); });
   EXPECT_NE(msg.find("Variable 'late' was created inside Strategy::run"), std::string::npos) << msg;
 }
 
@@ -486,11 +485,14 @@ TEST(VariableUpdate, CrossReplicaFnRunsOncePerComponentWithItsShareOfTheArgument
   MirroredVariable w(constant(1.f));
   PerReplica<Tensor> per({constant(10.f), constant(20.f), constant(30.f)});
   int calls = 0;
-  s->extended().update(w, [&](Tensor& c, const Tensor& x) {
-    ++calls;
-    c.mutable_flat<float>()[0] += x.scalar<float>();
-    EXPECT_EQ(c.device(), internal::default_device());  // fn runs under the component's device
-  }, per);
+  s->extended().update(
+      w,
+      [&](Tensor& c, const Tensor& x) {
+        ++calls;
+        c.mutable_flat<float>()[0] += x.scalar<float>();
+        EXPECT_EQ(c.device(), internal::default_device());  // fn runs under the component's device
+      },
+      per);
   EXPECT_EQ(calls, 3);
   EXPECT_EQ(components(w), (std::vector<float>{11.f, 21.f, 31.f}));
 }
@@ -530,11 +532,14 @@ TEST(VariableUpdate, ACrossReplicaArgumentIsReadOnlyAndAReplacementIsCopied) {
   auto scope = s->scope();
   MirroredVariable w(constant(1.f));
   const Tensor seven = constant(7.f);
-  s->extended().update(w, [&](Tensor& c, const Tensor& x) {
-    EXPECT_TRUE(x.is_read_only());
-    EXPECT_EQ(x.raw_data(), seven.raw_data());
-    c = x;
-  }, seven);
+  s->extended().update(
+      w,
+      [&](Tensor& c, const Tensor& x) {
+        EXPECT_TRUE(x.is_read_only());
+        EXPECT_EQ(x.raw_data(), seven.raw_data());
+        c = x;
+      },
+      seven);
   EXPECT_EQ(components(w), (std::vector<float>{7.f, 7.f, 7.f}));
   for (std::size_t i = 0; i < w.size(); ++i) {
     EXPECT_FALSE(w.values()[i].is_read_only()) << "component " << i;
@@ -556,7 +561,8 @@ TEST(VariableUpdate, AWritableReplacementHeldElsewhereIsCopied) {
   MirroredVariable target(constant({0.f, 0.f}));
   // In a replica context: "copy online into target", one merge_call.
   s->run([&](ReplicaContext&) {
-    s->extended().update(target, [](Tensor& c, const Tensor& x) { c = x; }, online.value());
+    s->extended().update(
+        target, [](Tensor& c, const Tensor& x) { c = x; }, online.value());
   });
   for (std::size_t i = 0; i < target.size(); ++i) {
     EXPECT_EQ(target.values()[i], constant({1.f, 2.f})) << "component " << i;
@@ -598,8 +604,8 @@ TEST(VariableUpdate, ADistributedArgumentOfTheWrongLengthIsRefusedFirst) {
   auto set = [](Tensor& c, const Tensor& x) { c.mutable_flat<float>()[0] = x.flat<float>()[0]; };
   for (std::size_t n : {std::size_t{2}, std::size_t{4}}) {
     std::vector<Tensor> parts(n, constant(5.f));
-    const std::string msg = testing::error_message<InvalidArgumentError>(
-        [&] { s->extended().update(w, set, PerReplica<Tensor>(parts)); });
+    const std::string msg =
+        testing::error_message<InvalidArgumentError>([&] { s->extended().update(w, set, PerReplica<Tensor>(parts)); });
     EXPECT_NE(msg.find("update"), std::string::npos) << msg;
     EXPECT_EQ(components(w), (std::vector<float>{1.f, 1.f, 1.f})) << n << " components";
   }
@@ -617,8 +623,9 @@ TEST(VariableUpdate, AnArgumentThatViewsAComponentIsReadBeforeAnyWrite) {
   s->extended().update(w, add, w.value());
   for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({2.f, 4.f}));
   // The same inside a nest.
-  s->extended().update(w, [&](Tensor& c, const Nest<Tensor>& x) { add(c, x.flatten()[0]); },
-                       Nest<Tensor>::list({Nest<Tensor>(w.value())}));
+  s->extended().update(
+      w, [&](Tensor& c, const Nest<Tensor>& x) { add(c, x.flatten()[0]); },
+      Nest<Tensor>::list({Nest<Tensor>(w.value())}));
   for (const Tensor& c : w.values()) EXPECT_EQ(c, constant({4.f, 8.f}));
 }
 
@@ -656,8 +663,8 @@ TEST(VariableUpdate, AnFnThatChangesTheShapeIsRefused) {
   auto s = mirrored(2);
   auto scope = s->scope();
   MirroredVariable w(constant({1.f, 2.f}), {.name = "w"});
-  const std::string msg = expect_throw<InvalidArgumentError>(
-      [&] { s->extended().update(w, [](Tensor& c) { c = constant(1.f); }); });
+  const std::string msg =
+      expect_throw<InvalidArgumentError>([&] { s->extended().update(w, [](Tensor& c) { c = constant(1.f); }); });
   EXPECT_NE(msg.find("update of variable 'w' replaced component 0 (float32(2,)) with a tensor of float32(); the "
                      "component keeps its tensor from before the update"),
             std::string::npos)

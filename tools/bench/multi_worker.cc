@@ -3,6 +3,8 @@
 #include "multi_worker.h"
 
 #ifdef DISTRIBUTE_HAVE_MPI
+#include <distribute/mpi.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -10,8 +12,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <distribute/mpi.h>
 
 #include "agree.h"
 #include "check.h"
@@ -53,7 +53,8 @@ MPI_Op mpi_op(ReduceOp op) {
 
 int run_multi_worker(const Options& o) {
   if (o.api == "both") usage("--api both is for one process; under mpirun the MPI collective is the reference");
-  if (o.merge_call) usage("--merge-call is measured in one process only (merge_call's broadcast_to is local to a worker)");
+  if (o.merge_call)
+    usage("--merge-call is measured in one process only (merge_call's broadcast_to is local to a worker)");
   if (o.op == "reduce_scatter") usage("--op reduce_scatter is measured in one process only (the threads engine)");
   if (o.shared_output) usage("--shared-output is the threads engine's, measured in one process only");
   if (o.in_place) usage("--in-place is for one process: under mpirun the engine's broadcast is in place, as MPI_Bcast");
@@ -70,17 +71,16 @@ int run_multi_worker(const Options& o) {
          .all_reduce_stream_bytes = o.stream_bytes});
   }
   // Workers that sweep other sizes or ops would meet in different calls.
-  tools::agree_on_flags(strategy,
-                        {{"--op", o.op},
-                         {"--dtype", std::string(to_string(o.dtype))},
-                         {"--redop", std::string(to_string(o.redop))},
-                         {"-b", std::to_string(o.min_bytes)},
-                         {"-e", std::to_string(o.max_bytes)},
-                         {"-f", std::to_string(o.factor)},
-                         {"--iters", std::to_string(o.iters)},
-                         {"--warmup", std::to_string(o.warmup)},
-                         {"--check", o.check ? "on" : "off"},
-                         {"--api", o.api}});
+  tools::agree_on_flags(strategy, {{"--op", o.op},
+                                   {"--dtype", std::string(to_string(o.dtype))},
+                                   {"--redop", std::string(to_string(o.redop))},
+                                   {"-b", std::to_string(o.min_bytes)},
+                                   {"-e", std::to_string(o.max_bytes)},
+                                   {"-f", std::to_string(o.factor)},
+                                   {"--iters", std::to_string(o.iters)},
+                                   {"--warmup", std::to_string(o.warmup)},
+                                   {"--check", o.check ? "on" : "off"},
+                                   {"--api", o.api}});
   const int workers = strategy.num_workers(), n = strategy.num_replicas_in_sync();
   const bool leader = strategy.worker_rank() == 0;
   const MPI_Datatype type = mpi_type(o.dtype);
@@ -88,19 +88,21 @@ int run_multi_worker(const Options& o) {
   const std::size_t esz = size_of(o.dtype);
   if (leader) {
     std::printf("# distribute-bench under MPI: %s %s %s, %d workers x %d replicas, api=%s, iters=%d warmup=%d\n",
-                o.op.c_str(), std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(),
-                workers, o.replicas, o.api.c_str(), o.iters, o.warmup);
+                o.op.c_str(), std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), workers,
+                o.replicas, o.api.c_str(), o.iters, o.warmup);
     std::printf("# MPI: MPI_%s on MPI_COMM_WORLD (one rank per worker), same buffers, alternating with ours%s\n",
-                o.op == "all_reduce" ? "Allreduce" : o.op == "broadcast" ? "Bcast" : "Allgatherv",
+                o.op == "all_reduce"  ? "Allreduce"
+                : o.op == "broadcast" ? "Bcast"
+                                      : "Allgatherv",
                 with_mpi ? "" : "; not comparable for this dtype/op (N/A)");
-    std::printf("# %12s %11s %11s %11s %8s %10s %11s %11s %7s\n", "size(B)", "count", "ours(us)", "MPI(us)",
-                "ratio", "ours-MPI", "busbw ours", "busbw MPI", "#wrong");
+    std::printf("# %12s %11s %11s %11s %8s %10s %11s %11s %7s\n", "size(B)", "count", "ours(us)", "MPI(us)", "ratio",
+                "ours-MPI", "busbw ours", "busbw MPI", "#wrong");
   }
   std::size_t total_wrong = 0;
-  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
-       bytes = next_size(bytes, o.factor)) {
+  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes = next_size(bytes, o.factor)) {
     std::size_t count = std::max<std::size_t>(1, bytes / esz);
-    if (o.op == "all_gather") count = std::max<std::size_t>(1, count / static_cast<std::size_t>(n)) * static_cast<std::size_t>(n);
+    if (o.op == "all_gather")
+      count = std::max<std::size_t>(1, count / static_cast<std::size_t>(n)) * static_cast<std::size_t>(n);
     const std::size_t per_replica = o.op == "all_gather" ? count / static_cast<std::size_t>(n) : count;
     std::vector<double> ours, theirs;
     std::size_t wrong = 0;
@@ -112,7 +114,8 @@ int run_multi_worker(const Options& o) {
       Tensor in = make_input(o.dtype, g, per_replica);
       Tensor out = Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(count)});
       // MPI's reference moves this worker's share: its replicas' inputs, reduced or concatenated.
-      const std::size_t worker_count = o.op == "all_gather" ? per_replica * static_cast<std::size_t>(o.replicas) : count;
+      const std::size_t worker_count =
+          o.op == "all_gather" ? per_replica * static_cast<std::size_t>(o.replicas) : count;
       Tensor mpi_in = make_input(o.dtype, g, worker_count);
       Tensor mpi_out = Tensor::uninitialized(o.dtype, Shape{static_cast<std::int64_t>(count)});
       if (o.op == "broadcast" && g == 0) {  // the roots' buffers hold what they send
@@ -132,9 +135,9 @@ int run_multi_worker(const Options& o) {
         auto t0 = Clock::now();
         if (o.api == "tensor") {
           out = Tensor();
-          out = o.op == "all_reduce" ? ctx.all_reduce(o.redop, in)
-                : o.op == "broadcast"  ? ctx.broadcast(in, 0)
-                                       : ctx.all_gather(in, 0);
+          out = o.op == "all_reduce"  ? ctx.all_reduce(o.redop, in)
+                : o.op == "broadcast" ? ctx.broadcast(in, 0)
+                                      : ctx.all_gather(in, 0);
         } else {
           ++call.sequence;
           if (o.op == "all_reduce") {
@@ -150,8 +153,8 @@ int run_multi_worker(const Options& o) {
         if (!timer || !with_mpi) continue;
         t0 = Clock::now();
         if (o.op == "all_reduce") {
-          MPI_Allreduce(mpi_in.raw_data(), mpi_out.mutable_raw_data(), static_cast<int>(count), type,
-                        mpi_op(o.redop), MPI_COMM_WORLD);
+          MPI_Allreduce(mpi_in.raw_data(), mpi_out.mutable_raw_data(), static_cast<int>(count), type, mpi_op(o.redop),
+                        MPI_COMM_WORLD);
         } else if (o.op == "broadcast") {
           MPI_Bcast(mpi_out.mutable_raw_data(), static_cast<int>(count), type, 0, MPI_COMM_WORLD);
         } else {

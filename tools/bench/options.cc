@@ -18,28 +18,29 @@
 namespace distribute::bench {
 
 [[noreturn]] void usage(const std::string& error) {
-  std::fprintf(stderr,
-               "distribute-bench: %s\n"
-               "usage: distribute-bench [--op all_reduce|all_gather|broadcast|reduce_scatter] [--replicas N]\n"
-               "                        [--dtype float32|...]\n"
-               "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
-               "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
-               "                        [--interleave-memcpy] [--shared-output] [--merge-call] [--in-place]\n"
-               "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
-               "--api both: the engine and the API alternately in one run, with the API's overhead\n"
-               "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
-               "--shared-output: the engine's all_reduce, all_gather or broadcast as the API's (all_reduce_shared,\n"
-               "                 all_gather_v_shared, broadcast_shared): one output for every replica where they\n"
-               "                 share it (all_reduce above 64 KiB, all_gather above 4 KiB of contribution,\n"
-               "                 broadcast above 4 KiB), not into each replica's own buffer\n"
-               "--merge-call: the API's broadcast as TensorFlow does it (merge_call and extended().broadcast_to),\n"
-               "              not ReplicaContext::broadcast\n"
-               "--in-place: the engine's broadcast in place, as MPI_Bcast: the root's buffer is its output and the\n"
-               "            root's bytes are copied into the others' only; by default out of place, as ncclBroadcast\n"
-               "            and the API: from the root's input into every replica's output, the root's too\n"
-               "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
-               "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
-               error.c_str());
+  std::fprintf(
+      stderr,
+      "distribute-bench: %s\n"
+      "usage: distribute-bench [--op all_reduce|all_gather|broadcast|reduce_scatter] [--replicas N]\n"
+      "                        [--dtype float32|...]\n"
+      "                        [--redop sum|mean|min|max|product] [-b MIN] [-e MAX] [-f FACTOR]\n"
+      "                        [--iters N] [--warmup N] [--check] [--api raw|tensor|both] [--csv FILE]\n"
+      "                        [--interleave-memcpy] [--shared-output] [--merge-call] [--in-place]\n"
+      "                        [--batch K]  (all_reduce of K tensors of -b bytes: one packed call vs K calls)\n"
+      "--api both: the engine and the API alternately in one run, with the API's overhead\n"
+      "--interleave-memcpy: the memcpy reference measured alternately with the op, not after it\n"
+      "--shared-output: the engine's all_reduce, all_gather or broadcast as the API's (all_reduce_shared,\n"
+      "                 all_gather_v_shared, broadcast_shared): one output for every replica where they\n"
+      "                 share it (all_reduce above 64 KiB, all_gather above 4 KiB of contribution,\n"
+      "                 broadcast above 4 KiB), not into each replica's own buffer\n"
+      "--merge-call: the API's broadcast as TensorFlow does it (merge_call and extended().broadcast_to),\n"
+      "              not ReplicaContext::broadcast\n"
+      "--in-place: the engine's broadcast in place, as MPI_Bcast: the root's buffer is its output and the\n"
+      "            root's bytes are copied into the others' only; by default out of place, as ncclBroadcast\n"
+      "            and the API: from the root's input into every replica's output, the root's too\n"
+      "sizes take K, M, G suffixes (powers of 1024); reduce_scatter is measured on the engine only\n"
+      "(--api raw): TensorFlow's ReplicaContext has no reduce_scatter\n",
+      error.c_str());
   std::exit(2);
 }
 
@@ -97,29 +98,46 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--op") o.op = value();
-    else if (a == "--replicas" || a == "-t") o.replicas = flag_value([&] { return tools::parse_int32(a, value(), 1, kMaxReplicas); });
-    else if (a == "--dtype" || a == "-d") o.dtype = parse_dtype(value());
+    if (a == "--op")
+      o.op = value();
+    else if (a == "--replicas" || a == "-t")
+      o.replicas = flag_value([&] { return tools::parse_int32(a, value(), 1, kMaxReplicas); });
+    else if (a == "--dtype" || a == "-d")
+      o.dtype = parse_dtype(value());
     else if (a == "--redop" || a == "-o") {
       try {
         o.redop = reduce_op_from_string(value());
       } catch (const Error& e) {
         usage(e.message());
       }
-    } else if (a == "-b" || a == "--minbytes") o.min_bytes = flag_value([&] { return tools::parse_bytes(a, value()); });
-    else if (a == "-e" || a == "--maxbytes") o.max_bytes = flag_value([&] { return tools::parse_bytes(a, value()); });
-    else if (a == "-f" || a == "--stepfactor") o.factor = flag_value([&] { return tools::parse_positive(a, value()); });
-    else if (a == "--iters" || a == "-n") o.iters = flag_value([&] { return tools::parse_int32(a, value(), 1); });
-    else if (a == "--warmup" || a == "-w") o.warmup = flag_value([&] { return tools::parse_int32(a, value(), 0); });
-    else if (a == "--check" || a == "-c") o.check = true;
-    else if (a == "--interleave-memcpy") o.interleave_memcpy = true;
-    else if (a == "--shared-output") o.shared_output = true;
-    else if (a == "--merge-call") o.merge_call = true;
-    else if (a == "--in-place") o.in_place = true;
-    else if (a == "--api") o.api = value();
-    else if (a == "--csv") o.csv = value();
-    else if (a == "--batch") o.batch = flag_value([&] { return tools::parse_int32(a, value(), 0, 1 << 20); });
-    else usage("unknown flag '" + a + "'");
+    } else if (a == "-b" || a == "--minbytes")
+      o.min_bytes = flag_value([&] { return tools::parse_bytes(a, value()); });
+    else if (a == "-e" || a == "--maxbytes")
+      o.max_bytes = flag_value([&] { return tools::parse_bytes(a, value()); });
+    else if (a == "-f" || a == "--stepfactor")
+      o.factor = flag_value([&] { return tools::parse_positive(a, value()); });
+    else if (a == "--iters" || a == "-n")
+      o.iters = flag_value([&] { return tools::parse_int32(a, value(), 1); });
+    else if (a == "--warmup" || a == "-w")
+      o.warmup = flag_value([&] { return tools::parse_int32(a, value(), 0); });
+    else if (a == "--check" || a == "-c")
+      o.check = true;
+    else if (a == "--interleave-memcpy")
+      o.interleave_memcpy = true;
+    else if (a == "--shared-output")
+      o.shared_output = true;
+    else if (a == "--merge-call")
+      o.merge_call = true;
+    else if (a == "--in-place")
+      o.in_place = true;
+    else if (a == "--api")
+      o.api = value();
+    else if (a == "--csv")
+      o.csv = value();
+    else if (a == "--batch")
+      o.batch = flag_value([&] { return tools::parse_int32(a, value(), 0, 1 << 20); });
+    else
+      usage("unknown flag '" + a + "'");
   }
   if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast" && o.op != "reduce_scatter") {
     usage("unknown --op '" + o.op + "'");
@@ -128,8 +146,10 @@ Options parse(int argc, char** argv) {
     usage("--op reduce_scatter is measured with --api raw only (ReplicaContext has no reduce_scatter)");
   }
   if (o.api != "raw" && o.api != "tensor" && o.api != "both") usage("--api must be raw, tensor or both");
-  if (o.shared_output && o.op == "reduce_scatter") usage("--shared-output is for --op all_reduce, all_gather and broadcast");
-  if (o.merge_call && (o.op != "broadcast" || o.api == "raw")) usage("--merge-call is for --op broadcast with --api tensor or both");
+  if (o.shared_output && o.op == "reduce_scatter")
+    usage("--shared-output is for --op all_reduce, all_gather and broadcast");
+  if (o.merge_call && (o.op != "broadcast" || o.api == "raw"))
+    usage("--merge-call is for --op broadcast with --api tensor or both");
   if (o.interleave_memcpy && o.api != "raw") usage("--interleave-memcpy is for --api raw");
   if (o.in_place && (o.op != "broadcast" || o.shared_output || o.api == "tensor")) {
     usage("--in-place is for the engine's --op broadcast into its own buffers (--api raw or both, no --shared-output)");
@@ -149,7 +169,8 @@ Options parse(int argc, char** argv) {
   const double needed = 2.0 * static_cast<double>(o.max_bytes) * o.replicas;
   if (memory > 0 && needed > memory) {
     char text[160];
-    std::snprintf(text, sizeof text, "%.3g GiB for its input and output on %d replicas, more than this machine's %.3g GiB",
+    std::snprintf(text, sizeof text,
+                  "%.3g GiB for its input and output on %d replicas, more than this machine's %.3g GiB",
                   needed / (1u << 30), o.replicas, memory / (1u << 30));
     usage("-e " + tools::grouped(static_cast<std::int64_t>(o.max_bytes)) + " bytes needs at least " + text +
           " of memory");

@@ -96,7 +96,7 @@ int run_benchmark(const Options& o) {
               o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
   if (o.api != "raw" && !o.merge_call) {
     std::printf("# api: every replica's result views one shared output (read-only) once %s\n",
-                o.op == "all_gather" ? "a contribution passes 4 KiB"
+                o.op == "all_gather"   ? "a contribution passes 4 KiB"
                 : o.op == "all_reduce" ? "the message passes 64 KiB (1 KiB among a worker's replicas)"
                                        : "the message passes 4 KiB");
   }
@@ -127,12 +127,11 @@ int run_benchmark(const Options& o) {
                 "bus/memcpy");
   }
   std::vector<Row> rows;
-  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes;
-       bytes = next_size(bytes, o.factor)) {
+  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes = next_size(bytes, o.factor)) {
     std::size_t count = std::max<std::size_t>(1, bytes / esz);
     if (o.op == "all_gather" || o.op == "reduce_scatter") {
-      count = std::max<std::size_t>(1, count / static_cast<std::size_t>(o.replicas)) *
-              static_cast<std::size_t>(o.replicas);
+      count =
+          std::max<std::size_t>(1, count / static_cast<std::size_t>(o.replicas)) * static_cast<std::size_t>(o.replicas);
     }
     Row row;
     row.count = count;
@@ -169,8 +168,8 @@ int run_benchmark(const Options& o) {
                                         : memcpy_reference(o.replicas, row.bytes, std::min(o.iters, 10));
     std::printf("  %12zu %11zu %8s %7s %11.2f %10.2f %11.3f %11.3f %7s %9.1f %12.3f %9.2f\n", row.bytes, row.count,
                 std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), row.median_us,
-                row.min_us, row.algbw, row.busbw, wrong_text.c_str(),
-                row.faults_per_op, row.memcpy_bw, row.memcpy_bw > 0 ? row.busbw / row.memcpy_bw : 0.0);
+                row.min_us, row.algbw, row.busbw, wrong_text.c_str(), row.faults_per_op, row.memcpy_bw,
+                row.memcpy_bw > 0 ? row.busbw / row.memcpy_bw : 0.0);
     std::fflush(stdout);
     rows.push_back(row);
   }

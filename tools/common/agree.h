@@ -57,7 +57,8 @@ inline void agree_on_flags(Strategy& strategy, const Flags& flags) {
       std::size_t line = 0;
       while (line < all_flags.size()) {
         const std::size_t end = all_flags.find('\n', line);
-        if (all_flags.compare(line, key.size(), key) == 0) return all_flags.substr(line + key.size(), end - line - key.size());
+        if (all_flags.compare(line, key.size(), key) == 0)
+          return all_flags.substr(line + key.size(), end - line - key.size());
         line = end + 1;
       }
       return std::string("(not given)");
@@ -71,7 +72,8 @@ inline void agree_on_flags(Strategy& strategy, const Flags& flags) {
         differ |= v != value_of(texts[0], name);
         values += (q ? ", worker " : "worker ") + std::to_string(q) + ": " + v;
       }
-      if (differ) throw InvalidArgumentError("every worker must be given the same " + name + ", but they have " + values);
+      if (differ)
+        throw InvalidArgumentError("every worker must be given the same " + name + ", but they have " + values);
     }
     throw InvalidArgumentError("the workers were given different flags (worker 0: " + texts[0] + "; worker " +
                                std::to_string(w) + ": " + texts[static_cast<std::size_t>(w)] + ")");

@@ -7,8 +7,8 @@
 
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -38,9 +38,9 @@ inline std::int64_t parse_int(const std::string& flag, const std::string& text, 
   std::int64_t v = 0;
   const char* end = text.data() + text.size();
   const auto [at, error] = std::from_chars(text.data(), end, v);
-  const std::string range =
-      max == std::numeric_limits<std::int64_t>::max() ? ">= " + std::to_string(min)
-                                                      : "from " + std::to_string(min) + " to " + std::to_string(max);
+  const std::string range = max == std::numeric_limits<std::int64_t>::max()
+                                ? ">= " + std::to_string(min)
+                                : "from " + std::to_string(min) + " to " + std::to_string(max);
   if (text.empty() || at != end || (error != std::errc() && error != std::errc::result_out_of_range)) {
     throw UsageError(flag + " needs a whole number " + range + ", got '" + text + "'");
   }
@@ -75,9 +75,12 @@ inline std::uint64_t parse_bytes(const std::string& flag, const std::string& tex
   double scale = 1;
   if (!digits.empty()) {
     switch (digits.back()) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+      case 'K':
+      case 'k': scale = 1024.0; break;
+      case 'M':
+      case 'm': scale = 1024.0 * 1024; break;
+      case 'G':
+      case 'g': scale = 1024.0 * 1024 * 1024; break;
       default: break;
     }
     if (scale != 1) digits.pop_back();
@@ -86,15 +89,15 @@ inline std::uint64_t parse_bytes(const std::string& flag, const std::string& tex
   const char* end = digits.data() + digits.size();
   const auto [at, error] = std::from_chars(digits.data(), end, v);
   if (digits.empty() || at != end || error != std::errc() || !(v >= 0) || !std::isfinite(v)) {
-    throw UsageError(flag + " needs a number of bytes (digits, with K, M or G for 1024, 1024^2, 1024^3), got '" +
-                     text + "'");
+    throw UsageError(flag + " needs a number of bytes (digits, with K, M or G for 1024, 1024^2, 1024^3), got '" + text +
+                     "'");
   }
   const double bytes = v * scale;
   if (bytes > static_cast<double>(max)) {
     char said[32];
     std::snprintf(said, sizeof said, "%.4g", bytes);
-    throw UsageError(flag + " " + text + " is " + said + " bytes, more than the " + grouped(static_cast<std::int64_t>(max)) +
-                     " allowed");
+    throw UsageError(flag + " " + text + " is " + said + " bytes, more than the " +
+                     grouped(static_cast<std::int64_t>(max)) + " allowed");
   }
   if (bytes != std::floor(bytes)) throw UsageError(flag + " " + text + " is not a whole number of bytes");
   return static_cast<std::uint64_t>(bytes);

@@ -27,7 +27,8 @@ std::string values_of(const Nest<Tensor>& n) {
     case NestKind::kLeaf: return n.leaf().to_list_string();
     case NestKind::kDict: {
       std::string s = "{";
-      for (const auto& [key, child] : n.dict_items()) s += (s.size() > 1 ? ", '" : "'") + key + "': " + values_of(child);
+      for (const auto& [key, child] : n.dict_items())
+        s += (s.size() > 1 ? ", '" : "'") + key + "': " + values_of(child);
       return s + "}";
     }
     default: {
@@ -45,7 +46,6 @@ void section(const std::string& title) { *out << "\n== " << title << " ==\n"; }
 void run_examples(Strategy& strategy) {
   std::ostream& cout = *out;
   {
-
     section("ReplicaContext: replica_id_in_sync_group");
     auto func = [] {
       auto* replica_context = get_replica_context();
@@ -88,8 +88,8 @@ void run_examples(Strategy& strategy) {
     auto gather_ragged = [](ReplicaContext& ctx, const N& value) { return ctx.all_gather(value, /*axis=*/0); };
     auto ragged = strategy.run(gather_ragged, per_replica_value);
     for (std::size_t r = 0; r < ragged.size(); ++r) {
-      cout << "replica " << strategy.first_replica_id() + static_cast<int>(r) << ": value " << values_of(per_replica_value[r]) << " -> all_gather "
-                << values_of(ragged[r]) << "\n";
+      cout << "replica " << strategy.first_replica_id() + static_cast<int>(r) << ": value "
+           << values_of(per_replica_value[r]) << " -> all_gather " << values_of(ragged[r]) << "\n";
     }
 
     section("all_reduce: SUM of a scalar");

@@ -1,7 +1,5 @@
 #include "fashion_mnist.h"
 
-#include "core/kernel_clones.h"
-
 #include <zlib.h>
 
 #include <cstring>
@@ -9,13 +7,16 @@
 #include <memory>
 #include <vector>
 
+#include "core/kernel_clones.h"
+
 namespace distribute::train {
 namespace {
 
 // The whole file, decompressed if it is gzip (zlib reads plain files as they are).
 std::vector<unsigned char> read_all(const std::string& path) {
   if (!std::filesystem::exists(path)) {
-    throw NotFoundError("Fashion-MNIST file " + path + " does not exist (Debian's dataset-fashion-mnist package "
+    throw NotFoundError("Fashion-MNIST file " + path +
+                        " does not exist (Debian's dataset-fashion-mnist package "
                         "installs it; scripts/setup.sh installs that package)");
   }
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);

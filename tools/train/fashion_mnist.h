@@ -2,11 +2,11 @@
 // dataset-fashion-mnist package installs them.
 #pragma once
 
+#include <distribute/tensor.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
-
-#include <distribute/tensor.h>
 
 namespace distribute::train {
 

@@ -4,22 +4,21 @@
 //   distribute-train                                  # mirrored over every core, 15 epochs
 //   distribute-train --strategy default --epochs 15 --metrics m.json --plot curves.svg
 //   mpirun -np 2 distribute-train --strategy multi_worker --replicas 1
+#include <distribute/distribute.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <system_error>
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
-
-#include <distribute/distribute.h>
 
 #include "agree.h"
 #include "flags.h"
@@ -114,8 +113,8 @@ Args parse(int argc, char** argv) {
     }
   }
   if ((a.strategy == "default" || a.strategy == "one_device") && a.replicas > 1) {
-    throw UsageError("--strategy " + a.strategy + " has exactly one replica; --replicas " +
-                     std::to_string(a.replicas) + " needs mirrored or multi_worker");
+    throw UsageError("--strategy " + a.strategy + " has exactly one replica; --replicas " + std::to_string(a.replicas) +
+                     " needs mirrored or multi_worker");
   }
   return a;
 }
@@ -182,7 +181,8 @@ void write_metrics(const std::string& path, const Args& a, const Strategy& s, co
   for (std::size_t i = 0; i < epochs.size(); ++i) {
     const EpochRecord& e = epochs[i];
     out << "    {\"epoch\": " << e.epoch << ", \"train_loss\": " << json_number(e.train.train_loss, 6)
-        << ", \"test_loss\": " << json_number(e.test.loss, 6) << ", \"test_accuracy\": " << json_number(e.test.accuracy, 4)
+        << ", \"test_loss\": " << json_number(e.test.loss, 6)
+        << ", \"test_accuracy\": " << json_number(e.test.accuracy, 4)
         << ", \"train_samples_per_second\": " << fixed(static_cast<double>(e.train.rows) / e.train.seconds, 1)
         << ", \"train_seconds\": " << fixed(e.train.seconds, 3) << ", \"steps\": " << e.train.steps
         << ", \"step_fraction\": {\"merge_call\": " << fraction(e.train.optimizer.merge_call_seconds, e.train)
@@ -251,11 +251,14 @@ void write_plot(const std::string& path, const Strategy& s, const std::vector<Ep
       << top + h + 80 << "\" font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" "
       << "fill=\"white\"/>\n";
   axes(left, "cross-entropy loss", 0, max_loss, 2);
-  line(left, [](const EpochRecord& e) { return e.train.train_loss; }, 0, max_loss, "#1f77b4");
-  line(left, [](const EpochRecord& e) { return e.test.loss; }, 0, max_loss, "#d62728");
+  line(
+      left, [](const EpochRecord& e) { return e.train.train_loss; }, 0, max_loss, "#1f77b4");
+  line(
+      left, [](const EpochRecord& e) { return e.test.loss; }, 0, max_loss, "#d62728");
   const double x1 = left + w + gap;
   axes(x1, "test accuracy", min_acc, max_acc, 2);
-  line(x1, [](const EpochRecord& e) { return e.test.accuracy; }, min_acc, max_acc, "#2ca02c");
+  line(
+      x1, [](const EpochRecord& e) { return e.test.accuracy; }, min_acc, max_acc, "#2ca02c");
   out << "<text x=\"" << left << "\" y=\"" << top + h + 60 << "\" font-size=\"12\"><tspan fill=\"#1f77b4\">"
       << "train loss</tspan>  <tspan fill=\"#d62728\">test loss</tspan>  <tspan fill=\"#2ca02c\">test accuracy"
       << "</tspan>  " << s.name() << ", " << s.num_replicas_in_sync() << " replicas in sync"
@@ -293,8 +296,8 @@ int run(const Args& a) {
 #endif
       }
     } catch (const std::system_error& e) {
-      throw ResourceExhaustedError("could not start the threads of " + tools::grouped(local) +
-                                   " replicas (" + e.what() +
+      throw ResourceExhaustedError("could not start the threads of " + tools::grouped(local) + " replicas (" +
+                                   e.what() +
                                    "): the system had no thread to give (its limit on threads, ulimit -u and "
                                    "/proc/sys/kernel/threads-max, or memory for their stacks, ulimit -v); use fewer "
                                    "--replicas");
@@ -312,24 +315,24 @@ int run(const Args& a) {
   const FashionMnist data = load_fashion_mnist(a.data);
   if (a.config.global_batch > data.train.size()) {
     throw InvalidArgumentError("--global-batch " + std::to_string(a.config.global_batch) + " is more than the " +
-                               tools::grouped(data.train.size()) + " training images: an epoch would not hold one batch");
+                               tools::grouped(data.train.size()) +
+                               " training images: an epoch would not hold one batch");
   }
   // What every worker must share: the same batches from the same data.
-  tools::agree_on_flags(*s,
-                        {{"--global-batch", std::to_string(a.config.global_batch)},
-                         {"--epochs", std::to_string(a.epochs)},
-                         {"--steps-per-epoch", std::to_string(a.steps_per_epoch)},
-                         {"--optimizer", a.config.optimizer},
-                         {"--learning-rate", fixed(a.config.learning_rate, 9)},
-                         {"--seed", std::to_string(a.config.seed)},
-                         {"training data (images, CRC-32)", data_digest(data.train)},
-                         {"test data (images, CRC-32)", data_digest(data.test)}});
+  tools::agree_on_flags(*s, {{"--global-batch", std::to_string(a.config.global_batch)},
+                             {"--epochs", std::to_string(a.epochs)},
+                             {"--steps-per-epoch", std::to_string(a.steps_per_epoch)},
+                             {"--optimizer", a.config.optimizer},
+                             {"--learning-rate", fixed(a.config.learning_rate, 9)},
+                             {"--seed", std::to_string(a.config.seed)},
+                             {"training data (images, CRC-32)", data_digest(data.train)},
+                             {"test data (images, CRC-32)", data_digest(data.test)}});
   Trainer trainer(*s, a.config);
   if (chief) {
     std::cout << "distribute-train: " << s->describe() << ", " << a.config.optimizer << ", global batch "
               << a.config.global_batch << ", " << trainer.model().num_parameters() << " parameters, "
-              << data.train.size() << " training and " << data.test.size() << " test images; "
-              << blas_description() << "\n";
+              << data.train.size() << " training and " << data.test.size() << " test images; " << blas_description()
+              << "\n";
   }
   const bool bar = chief && isatty(STDERR_FILENO);
   std::vector<EpochRecord> records;
@@ -351,8 +354,8 @@ int run(const Args& a) {
     if (chief) {
       std::cout << "epoch " << epoch << "/" << a.epochs << ": train loss " << fixed(train.train_loss, 4)
                 << ", test loss " << fixed(test.loss, 4) << ", test accuracy " << fixed(test.accuracy, 4) << ", "
-                << grouped(static_cast<double>(train.rows) / train.seconds) << " samples/s ("
-                << fixed(train.seconds, 2) << " s, " << train.steps << " steps)\n";
+                << grouped(static_cast<double>(train.rows) / train.seconds) << " samples/s (" << fixed(train.seconds, 2)
+                << " s, " << train.steps << " steps)\n";
       const double step = std::max(train.replica_step_seconds, 1e-9);
       std::cout << "  replica 0's step time: merge_call " << fixed(100 * train.optimizer.merge_call_seconds / step, 1)
                 << "%, all_reduce " << fixed(100 * train.optimizer.all_reduce_seconds / step, 1) << "%, update "

@@ -1,7 +1,5 @@
 #include "mlp.h"
 
-#include "core/kernel_clones.h"
-
 #include <cblas.h>
 
 #include <algorithm>
@@ -9,6 +7,8 @@
 #include <cstring>
 #include <random>
 #include <string>
+
+#include "core/kernel_clones.h"
 
 // OpenBLAS's own entry points (cblas.h declares them in OpenBLAS builds; these
 // declarations keep the file independent of which cblas.h is found).
@@ -79,8 +79,10 @@ DISTRIBUTE_KERNEL_CLONES void relu_mask(float* delta, const float* activation, s
 void check_batch(const Tensor& x, const Tensor& y, int inputs) {
   if (x.dtype() != DType::kFloat32 || x.rank() != 2 || x.shape()[1] != inputs || y.dtype() != DType::kInt32 ||
       y.rank() != 1 || y.shape()[0] != x.shape()[0]) {
-    throw InvalidArgumentError("Mlp: need float32 rows (b, " + std::to_string(inputs) + ") and int32 labels (b,); "
-                               "got " + std::string(to_string(x.dtype())) + x.shape().to_string() + " and " +
+    throw InvalidArgumentError("Mlp: need float32 rows (b, " + std::to_string(inputs) +
+                               ") and int32 labels (b,); "
+                               "got " +
+                               std::string(to_string(x.dtype())) + x.shape().to_string() + " and " +
                                std::string(to_string(y.dtype())) + y.shape().to_string());
   }
 }

@@ -5,10 +5,10 @@
 // Optimizer::apply_gradients.
 #pragma once
 
+#include <distribute/distribute.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <distribute/distribute.h>
 
 namespace distribute::train {
 

@@ -58,8 +58,8 @@ Trainer::Trainer(Strategy& s, TrainConfig config)
   }
   auto scope = s.scope();
   model_ = std::make_unique<Mlp>(config_.layers, config_.seed);
-  loss_sum_ = std::make_unique<SyncOnReadVariable>(constant(0.0),
-                                                   VariableOptions{.name = "loss_sum", .aggregation = VariableAggregation::kSum});
+  loss_sum_ = std::make_unique<SyncOnReadVariable>(
+      constant(0.0), VariableOptions{.name = "loss_sum", .aggregation = VariableAggregation::kSum});
   correct_ = std::make_unique<SyncOnReadVariable>(
       constant(std::int64_t{0}), VariableOptions{.name = "correct", .aggregation = VariableAggregation::kSum});
   workspaces_.resize(static_cast<std::size_t>(s.num_local_replicas()));

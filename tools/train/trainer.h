@@ -4,13 +4,13 @@
 // metrics accumulated in SyncOnReadVariables.
 #pragma once
 
+#include <distribute/distribute.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <distribute/distribute.h>
 
 #include "fashion_mnist.h"
 #include "mlp.h"
@@ -28,12 +28,12 @@ struct TrainConfig {
 };
 
 struct EpochStats {
-  double train_loss = 0;             // mean over the epoch's rows
+  double train_loss = 0;  // mean over the epoch's rows
   std::int64_t rows = 0;
   std::int64_t steps = 0;
-  double seconds = 0;                // the steps only
-  double replica_step_seconds = 0;   // replica 0's time in its step functions
-  Optimizer::Timings optimizer;      // replica 0's time in apply_gradients, by phase
+  double seconds = 0;               // the steps only
+  double replica_step_seconds = 0;  // replica 0's time in its step functions
+  Optimizer::Timings optimizer;     // replica 0's time in apply_gradients, by phase
 };
 
 struct EvalStats {

@@ -24,7 +24,10 @@ std::vector<std::size_t> per_worker_counts(std::span<const std::size_t> counts, 
 
 HierarchicalCommunicator::HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id,
                                                    Communicator* workers, std::size_t all_reduce_stream_bytes)
-    : local_(std::move(local)), local_id_(local_id), local_size_(local_->size()), workers_(workers),
+    : local_(std::move(local)),
+      local_id_(local_id),
+      local_size_(local_->size()),
+      workers_(workers),
       local_comm_(local_, local_id, all_reduce_stream_bytes, kShareReduceBytes) {}
 
 void HierarchicalCommunicator::pass_on_local_mismatch(const CollectiveCall& call) {
@@ -88,8 +91,8 @@ std::vector<std::string> HierarchicalCommunicator::exchange(std::string payload,
     if (mismatch) throw SignatureMismatch();
     return std::move(*all);
   }
-  const auto& entries = local_->arrive(local_id_, {.object = all, .tag = mismatch ? 1u : 0u},
-                                       fan_out_call(call, false));
+  const auto& entries =
+      local_->arrive(local_id_, {.object = all, .tag = mismatch ? 1u : 0u}, fan_out_call(call, false));
   return *std::static_pointer_cast<std::vector<std::string>>(entries[0].object);
 }
 
@@ -152,16 +155,14 @@ void HierarchicalCommunicator::all_gather_v(const void* send, void* recv, std::s
   local_comm_.broadcast(recv, total, dtype, 0, fan_out_call(call, mismatch));
 }
 
-std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span<const Segment> segments,
-                                                                       DType dtype, ReduceOp op,
-                                                                       const CollectiveCall& call,
+std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span<const Segment> segments, DType dtype,
+                                                                       ReduceOp op, const CollectiveCall& call,
                                                                        std::int64_t mean_divisor) {
   std::size_t total = 0;
   for (const Segment& s : segments) total += s.count;
   // As the local step decides (it was given kShareReduceBytes), on the
   // message's size, agreed by every replica.
-  if (!local_comm_.shares_reduce(total * size_of(dtype)) ||
-      (op == ReduceOp::kMean && !is_floating(dtype))) {
+  if (!local_comm_.shares_reduce(total * size_of(dtype)) || (op == ReduceOp::kMean && !is_floating(dtype))) {
     return Communicator::all_reduce_shared(segments, dtype, op, call, mean_divisor);
   }
   const std::int64_t divisor = mean_divisor > 0 ? mean_divisor : size();
@@ -175,7 +176,8 @@ std::shared_ptr<std::byte> HierarchicalCommunicator::all_reduce_shared(std::span
   bool mismatch = false;
   // The local replicas wait in the fan-out round below and do not read the
   // block before the leader's in-place cross step is done.
-  if (leader()) mismatch = run_cross([&] { workers_->all_reduce(block.get(), block.get(), total, dtype, op, call, divisor); });
+  if (leader())
+    mismatch = run_cross([&] { workers_->all_reduce(block.get(), block.get(), total, dtype, op, call, divisor); });
   // Every local replica returns the leader's block (the one its cross step
   // reduced), whatever the local step handed each.
   const auto& entries = local_->arrive(local_id_, {.object = mismatch ? nullptr : block, .tag = mismatch ? 1u : 0u},
@@ -245,9 +247,8 @@ void HierarchicalCommunicator::broadcast(void* buffer, std::size_t count, DType 
   local_comm_.broadcast(buffer, count, dtype, fan_out_root, fan_out_call(call, mismatch));
 }
 
-std::shared_ptr<std::byte> HierarchicalCommunicator::broadcast_shared(const void* send, std::size_t count,
-                                                                      DType dtype, int root,
-                                                                      const CollectiveCall& call) {
+std::shared_ptr<std::byte> HierarchicalCommunicator::broadcast_shared(const void* send, std::size_t count, DType dtype,
+                                                                      int root, const CollectiveCall& call) {
   const std::size_t bytes = count * size_of(dtype);
   if (local_size_ == 1 || !SharedMemoryCommunicator::shares_broadcast(bytes)) {
     return Communicator::broadcast_shared(send, count, dtype, root, call);

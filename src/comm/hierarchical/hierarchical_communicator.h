@@ -44,8 +44,9 @@ class HierarchicalCommunicator final : public Communicator {
   // `workers` is shared by the local replicas and used by local member 0 only;
   // it must outlive this communicator. `all_reduce_stream_bytes`: for the
   // local all_reduce (SharedMemoryCommunicator's).
-  HierarchicalCommunicator(std::shared_ptr<LocalGroup> local, int local_id, Communicator* workers,
-                           std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes());
+  HierarchicalCommunicator(
+      std::shared_ptr<LocalGroup> local, int local_id, Communicator* workers,
+      std::size_t all_reduce_stream_bytes = SharedMemoryCommunicator::default_all_reduce_stream_bytes());
 
   // Above 1 KiB (the local latency path) and not the threads engine's
   // 64 KiB: sharing here also saves the fan-out's copies to every local
@@ -60,8 +61,8 @@ class HierarchicalCommunicator final : public Communicator {
 
   // The payloads of every replica of every worker, in global rank order.
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                  const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const CollectiveCall& call,
+                  std::int64_t mean_divisor = 0) override;
   // Above kShareReduceBytes with several local replicas, the worker's
   // replicas share one output: the local step reduces into one shared
   // block, the leader reduces it across the workers in place, and the
@@ -70,8 +71,8 @@ class HierarchicalCommunicator final : public Communicator {
   // does.
   std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
                                                const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
-  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
-                    DType dtype, const CollectiveCall& call) override;
+  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer, DType dtype,
+                    const CollectiveCall& call) override;
   // From a contribution of over 4 KiB with several local replicas, the
   // worker's replicas share one output: the local step gathers into one
   // shared block, the leader gathers the workers' blocks into an output of

@@ -1,8 +1,6 @@
 // MpiCommunicator's collectives (exchange, all_reduce, all_gather_v,
 // broadcast, barrier): each call picks its path, through node shared memory
 // (node_shared_collectives.cc) or through MPI's messages (mpi_messages.cc).
-#include "comm/mpi/mpi_communicator.h"
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_communicator_internal.h"
 #include "comm/mpi/node_shared_memory.h"
 #include "core/reduce_kernels.h"
@@ -184,8 +183,8 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   }
   for (std::size_t q = 0; q < n; ++q) {
     if (q == me) continue;
-    post_send(m, static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], static_cast<int>(q),
-              kDataTag, call);
+    post_send(m, static_cast<const std::byte*>(send) + slice_displs[q], slice_bytes[q], static_cast<int>(q), kDataTag,
+              call);
   }
   wait(m, call);
   for (std::size_t q = 0; q < n; ++q) srcs[q] = pieces + q * my_bytes;
@@ -196,8 +195,8 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
   gather_bytes(mine, my_bytes, recv, slice_bytes, call);
 }
 
-void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts,
-                                   std::size_t outer, DType dtype, const CollectiveCall& call) {
+void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
+                                   DType dtype, const CollectiveCall& call) {
   Token token(*this);
   begin_call(call);
   const std::size_t esz = size_of(dtype);
@@ -238,7 +237,8 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, std::span<const
       } catch (const std::bad_alloc&) {
         // The others are about to wait for this rank: fail the group rather than leave them waiting.
         const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not allocate " +
-                                    std::to_string(total) + " bytes to stage an all-gather; this communicator "
+                                    std::to_string(total) +
+                                    " bytes to stage an all-gather; this communicator "
                                     "cannot be used any more";
         abort(ErrorCode::kUnavailable, message, rank_);
         throw UnavailableError(message);

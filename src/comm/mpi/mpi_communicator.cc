@@ -8,15 +8,15 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -81,10 +81,10 @@ constexpr char kSessionEndNotice = 'S';
 
 std::string ordinal(std::uint64_t n) {
   const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"
-                       : n % 10 == 1                   ? "st"
-                       : n % 10 == 2                   ? "nd"
-                       : n % 10 == 3                   ? "rd"
-                                                       : "th";
+                       : n % 10 == 1                    ? "st"
+                       : n % 10 == 2                    ? "nd"
+                       : n % 10 == 3                    ? "rd"
+                                                        : "th";
   return std::to_string(n) + suffix;
 }
 
@@ -159,8 +159,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
       MPI_Comm_free(&notices_);
       MPI_Comm_free(&comm_);
       throw InvalidArgumentError("DISTRIBUTE_MPI_MAX_MESSAGE_BYTES on rank " + std::to_string(agreed.rank) +
-                                 " is not a whole number of bytes from " + std::to_string(kMinMessageBytes) +
-                                 " to " + std::to_string(kMaxMessageBytes) +
+                                 " is not a whole number of bytes from " + std::to_string(kMinMessageBytes) + " to " +
+                                 std::to_string(kMaxMessageBytes) +
                                  (agreed.rank == rank_ ? " (it is \"" + std::string(piece_text) + "\")" : ""));
     }
     max_message_bytes_ = static_cast<std::size_t>(agreed.bytes);
@@ -253,7 +253,7 @@ void MpiCommunicator::flush_notice() noexcept {
   // flag again, so a notice is never left behind.
   while (notice_pending_.load(std::memory_order_acquire)) {
     if (token_holder_.load() == std::this_thread::get_id()) return;  // sent when this thread lets go
-    if (!token_.try_lock()) return;                                    // the holder sends it
+    if (!token_.try_lock()) return;                                  // the holder sends it
     if (notice_pending_.exchange(false) && !finalizing_.load(std::memory_order_acquire)) {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -309,8 +309,8 @@ void MpiCommunicator::receive_notices() {
     if (failed_.load()) continue;
     const bool failure = text.size() >= 2 && text[0] == kFailureNotice;
     failure_code_ = failure ? static_cast<ErrorCode>(static_cast<unsigned char>(text[1])) : ErrorCode::kAborted;
-    failure_message_ = "Worker " + std::to_string(from) + " failed: " +
-                       (failure ? text.substr(2) : std::string("(a notice that could not be read)"));
+    failure_message_ = "Worker " + std::to_string(from) +
+                       " failed: " + (failure ? text.substr(2) : std::string("(a notice that could not be read)"));
     failed_.store(true, std::memory_order_release);
   }
 }

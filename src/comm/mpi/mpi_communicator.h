@@ -83,11 +83,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <mutex>
-#include <chrono>
-#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,10 +137,10 @@ class MpiCommunicator final : public Communicator {
   static constexpr std::size_t kMinMessageBytes = 1000;
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                  const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
-  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
-                    DType dtype, const CollectiveCall& call) override;
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const CollectiveCall& call,
+                  std::int64_t mean_divisor = 0) override;
+  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer, DType dtype,
+                    const CollectiveCall& call) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, const CollectiveCall& call) override;
   void barrier(const CollectiveCall& call) override;
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
@@ -250,7 +250,7 @@ class MpiCommunicator final : public Communicator {
   void post_header_round(std::uint64_t tag, std::uint64_t size, const void* data, std::size_t inline_bytes,
                          const CollectiveCall& call);
   const std::vector<Received>& finish_header_round(const CollectiveCall& call,
-                                                 const std::vector<std::size_t>* sizes_posted);
+                                                   const std::vector<std::size_t>* sizes_posted);
   // all_gather_v of bytes (outer == 1) with a tag, in one round: every block's
   // receive is posted into place before the headers are sent, and each block
   // follows its header at once. On a mismatch every block sent is received
@@ -259,8 +259,8 @@ class MpiCommunicator final : public Communicator {
   // `recv`'s blocks of other ranks then hold whatever arrived. Without
   // `place_own`, this rank's own block of `recv` is left as it is (a caller
   // that reads its input where it is).
-  void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv,
-                     const std::vector<std::size_t>& counts, const CollectiveCall& call, bool place_own = true);
+  void posted_gather(const void* send, std::size_t send_bytes, std::byte* recv, const std::vector<std::size_t>& counts,
+                     const CollectiveCall& call, bool place_own = true);
   // Polls `done()` until it returns true, watching the timeout, abort and
   // other ranks' failure notices in between (defined in
   // mpi_communicator_internal.h: its callers are in several files).
@@ -396,10 +396,10 @@ class MpiCommunicator final : public Communicator {
     std::array<std::byte, sizeof(Header) + kCopiedInlineBytes> small{};
   };
   std::unique_ptr<Outbox> out_ = std::make_unique<Outbox>();
-  Area header_sent_;  // the caller's data that the header round sends in place, if any
-  std::vector<std::byte> header_in_;   // every other rank's message, header + kInlineBytes each
+  Area header_sent_;                  // the caller's data that the header round sends in place, if any
+  std::vector<std::byte> header_in_;  // every other rank's message, header + kInlineBytes each
   std::vector<Received> received_;
-  std::uint64_t header_rounds_ = 0;  // header rounds started; the same count on every rank
+  std::uint64_t header_rounds_ = 0;           // header rounds started; the same count on every rank
   std::vector<MPI_Request> header_requests_;  // reused: the header round is every small call's path
   std::vector<MPI_Request> block_requests_;   // reused by posted_gather
   std::vector<MPI_Status> header_statuses_;
@@ -419,20 +419,20 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   int tag_ub_ = 32767;  // MPI_TAG_UB of comm_ (at least 32767 by the standard)
   std::size_t max_message_bytes_ = kMaxMessageBytes;
-  std::uint64_t nonce_ = 0;            // the same on every rank, made anew for each communicator
-  std::uint64_t calls_ = 0;            // calls begun, the same count on every rank (token held)
+  std::uint64_t nonce_ = 0;  // the same on every rank, made anew for each communicator
+  std::uint64_t calls_ = 0;  // calls begun, the same count on every rank (token held)
   // The number of the last call that started a session (written with the
   // token held; read by session()).
   std::atomic<std::uint64_t> session_start_{0};
-  std::vector<Departure> departures_;  // (token held)
+  std::vector<Departure> departures_;         // (token held)
   std::vector<std::pair<int, int>> watched_;  // (rank, pidfd) of the peers on this host
-  bool left_ = false;                  // this rank has left for good (token held)
-  bool last_call_abandoned_ = false;   // the last call ended in an exception (token held)
+  bool left_ = false;                         // this rank has left for good (token held)
+  bool last_call_abandoned_ = false;          // the last call ended in an exception (token held)
   std::atomic<bool> departure_pending_{false};
   // MPI is being finalised (leave_all): a call in progress stops calling MPI.
   std::atomic<bool> finalizing_{false};
   [[noreturn]] void throw_finalizing(const CollectiveCall& call);
-  std::string pending_departure_;      // kind, then why (mu_)
+  std::string pending_departure_;  // kind, then why (mu_)
   std::mutex mu_;
   std::atomic<bool> failed_{false};
   ErrorCode failure_code_ = ErrorCode::kUnavailable;

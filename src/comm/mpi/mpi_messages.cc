@@ -1,8 +1,6 @@
 // MpiCommunicator's messages: waiting for requests and releasing them after a
 // failure, the header round, point-to-point pieces, and the all-gathers and
 // broadcast of bytes that the collectives build on.
-#include "comm/mpi/mpi_communicator.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -14,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_communicator_internal.h"
 #include "core/storage.h"
 #include "distribute/errors.h"
@@ -78,8 +77,8 @@ void MpiCommunicator::poll_all(MPI_Request* requests, int count, const Collectiv
 }
 
 const std::vector<MpiCommunicator::Received>& MpiCommunicator::header_round(std::uint64_t tag, std::uint64_t size,
-                                                                          const void* data, std::size_t inline_bytes,
-                                                                          const CollectiveCall& call) {
+                                                                            const void* data, std::size_t inline_bytes,
+                                                                            const CollectiveCall& call) {
   post_header_round(tag, size, data, inline_bytes, call);
   return finish_header_round(call, nullptr);
 }
@@ -122,8 +121,8 @@ void MpiCommunicator::post_header_round(std::uint64_t tag, std::uint64_t size, c
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     requests.emplace_back(MPI_REQUEST_NULL);
-    check(copy ? MPI_Isend(out_->small.data(), static_cast<int>(sizeof(Header) + inline_bytes), MPI_BYTE, q,
-                           kHeaderTag, comm_, &requests.back())
+    check(copy ? MPI_Isend(out_->small.data(), static_cast<int>(sizeof(Header) + inline_bytes), MPI_BYTE, q, kHeaderTag,
+                           comm_, &requests.back())
                : MPI_Isend(MPI_BOTTOM, 1, message, q, kHeaderTag, comm_, &requests.back()),
           "MPI_Isend", call);
   }
@@ -167,8 +166,8 @@ const std::vector<MpiCommunicator::Received>& MpiCommunicator::finish_header_rou
       } catch (const std::bad_alloc&) {
         // Peers wait for this rank to take their blocks: fail the group rather than leave them waiting.
         const std::string message = label(call) + ": rank " + std::to_string(rank_) + " could not allocate " +
-                                    std::to_string(*bytes) + " bytes to receive and drop rank " +
-                                    std::to_string(q) + "'s block after a mismatch; this communicator cannot be used any more";
+                                    std::to_string(*bytes) + " bytes to receive and drop rank " + std::to_string(q) +
+                                    "'s block after a mismatch; this communicator cannot be used any more";
         abort(ErrorCode::kUnavailable, message, rank_);
         throw UnavailableError(message);
       }
@@ -224,8 +223,7 @@ void MpiCommunicator::check_tags(const CollectiveCall& call) {
 }
 
 void MpiCommunicator::gather_bytes(const void* send, std::size_t send_bytes, void* recv,
-                                   const std::vector<std::size_t>& counts, const CollectiveCall& call,
-                                   bool place_own) {
+                                   const std::vector<std::size_t>& counts, const CollectiveCall& call, bool place_own) {
   // Point to point: every rank sends its block to every other (messages
   // between two ranks are matched in order, so one tag serves every call).
   auto* out = static_cast<std::byte*>(recv);

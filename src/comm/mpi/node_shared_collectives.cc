@@ -1,14 +1,12 @@
 // MpiCommunicator's calls on one host, through the memory its ranks share
 // (NodeSharedMemory): the first step that compares the ranks' calls, and the
 // all-reduce, all-gather, exchange and broadcast that move data there.
-#include "comm/mpi/mpi_communicator.h"
-
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <memory>
 #include <new>
 #include <string>
@@ -16,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_communicator_internal.h"
 #include "comm/mpi/node_shared_memory.h"
 #include "core/reduce_kernels.h"
@@ -35,7 +34,8 @@ namespace {
 
 // What a rank's call is, for the error that says two ranks' calls differ.
 std::string describe(const NodeSharedMemory::Call& c) {
-  const std::string bytes = std::to_string(c.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(c.dtype)));
+  const std::string bytes =
+      std::to_string(c.bytes) + " bytes of " + std::string(to_string(static_cast<DType>(c.dtype)));
   switch (c.kind) {
     case 1: return "an exchange";
     case 2: return "an all-reduce of " + bytes + " (" + std::string(to_string(static_cast<ReduceOp>(c.op))) + ")";
@@ -48,8 +48,7 @@ std::string describe(const NodeSharedMemory::Call& c) {
 
 }  // namespace
 
-void MpiCommunicator::shared_begin(std::uint64_t step, const NodeSharedMemory::Call& mine,
-                                   const CollectiveCall& call) {
+void MpiCommunicator::shared_begin(std::uint64_t step, const NodeSharedMemory::Call& mine, const CollectiveCall& call) {
   shared_->call(rank_, step) = mine;
   shared_step(step, call);
   // Every rank reads the same slots, so every rank decides alike.
@@ -190,8 +189,9 @@ std::vector<std::string> MpiCommunicator::shared_exchange(std::string payload, c
   const std::uint64_t step = shared_->next_step();
   const bool through_buffer = payload.size() <= NodeSharedMemory::kChunkBytes;
   if (through_buffer && !payload.empty()) std::memcpy(shared_->buffer(rank_, step), payload.data(), payload.size());
-  shared_begin(step, {.tag = call.signature_tag, .bytes = payload.size(), .kind = static_cast<std::uint32_t>(Kind::kExchange)},
-               call);
+  shared_begin(
+      step, {.tag = call.signature_tag, .bytes = payload.size(), .kind = static_cast<std::uint32_t>(Kind::kExchange)},
+      call);
   std::vector<std::size_t> by_mpi(static_cast<std::size_t>(size_), 0);
   std::size_t mpi_total = 0;
   for (int q = 0; q < size_; ++q) {
@@ -232,8 +232,11 @@ void MpiCommunicator::shared_broadcast(void* buffer, std::size_t bytes, DType dt
   const bool through_buffer = bytes <= NodeSharedMemory::kChunkBytes;
   if (rank_ == root && through_buffer && bytes > 0) std::memcpy(shared_->buffer(rank_, step), buffer, bytes);
   shared_begin(step,
-               {.tag = call.signature_tag, .bytes = bytes, .kind = static_cast<std::uint32_t>(Kind::kBroadcast),
-                .dtype = static_cast<std::uint32_t>(dtype), .root = root},
+               {.tag = call.signature_tag,
+                .bytes = bytes,
+                .kind = static_cast<std::uint32_t>(Kind::kBroadcast),
+                .dtype = static_cast<std::uint32_t>(dtype),
+                .root = root},
                call);
   if (root < 0 || root >= size_) {  // the same root on every rank: every rank throws
     throw InvalidArgumentError(label(call) + ": broadcast from rank " + std::to_string(root) + " of " +

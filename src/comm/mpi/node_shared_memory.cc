@@ -5,16 +5,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
-
 #include <algorithm>
 #include <array>
-#include <random>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <random>
 
 namespace distribute::internal {
 namespace {
@@ -131,10 +130,10 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
       auto* base = static_cast<std::byte*>(shared->mapping_);
       for (int q = 0; q < size; ++q) {
         std::byte* area = base + area_bytes() * static_cast<std::size_t>(q);
-        shared->areas_.push_back(Area{reinterpret_cast<std::atomic<std::uint64_t>*>(area),
-                                      {reinterpret_cast<Call*>(area + kCallsOffset),
-                                       reinterpret_cast<Call*>(area + kCallsOffset + kCacheLine)},
-                                      {area + counter_bytes(), area + counter_bytes() + kChunkBytes}});
+        shared->areas_.push_back(Area{
+            reinterpret_cast<std::atomic<std::uint64_t>*>(area),
+            {reinterpret_cast<Call*>(area + kCallsOffset), reinterpret_cast<Call*>(area + kCallsOffset + kCacheLine)},
+            {area + counter_bytes(), area + counter_bytes() + kChunkBytes}});
       }
       shared->sources_.resize(static_cast<std::size_t>(size));
       // The owner touches its own buffers (its pages on its own NUMA node)
@@ -153,7 +152,8 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
   if (!ok) return nullptr;  // the destructor unmaps what was mapped
   // Map every page of the others' areas now, not in the first collective.
   for (int q = 0; q < size; ++q) {
-    const auto* area = static_cast<const volatile std::byte*>(shared->mapping_) + area_bytes() * static_cast<std::size_t>(q);
+    const auto* area =
+        static_cast<const volatile std::byte*>(shared->mapping_) + area_bytes() * static_cast<std::size_t>(q);
     for (std::size_t at = 0; at < area_bytes(); at += page_bytes()) static_cast<void>(area[at]);
   }
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the step counters are shared between processes");
@@ -174,8 +174,8 @@ bool NodeSharedMemory::try_single_copy(MPI_Comm comm, int rank, int size, std::u
   Published mine{static_cast<std::int64_t>(getpid()), reinterpret_cast<std::uint64_t>(&probe)};
   std::vector<Published> all(static_cast<std::size_t>(size));
   bool ok = wanted == nullptr || std::strcmp(wanted, "0") != 0;
-  if (MPI_Allgather(&mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(), static_cast<int>(sizeof mine),
-                    MPI_BYTE, comm) != MPI_SUCCESS) {
+  if (MPI_Allgather(&mine, static_cast<int>(sizeof mine), MPI_BYTE, all.data(), static_cast<int>(sizeof mine), MPI_BYTE,
+                    comm) != MPI_SUCCESS) {
     ok = false;
   }
   for (int q = 0; q < size && ok; ++q) {

@@ -85,8 +85,8 @@ void order_small_arrival_before_sleepers() { std::atomic_thread_fence(std::memor
 }  // namespace
 
 LocalGroup::LocalGroup(int size, bool shares_cores)
-    : size_(size > 0 ? size : throw InvalidArgumentError("LocalGroup: size must be positive, got " +
-                                                         std::to_string(size))),
+    : size_(size > 0 ? size
+                     : throw InvalidArgumentError("LocalGroup: size must be positive, got " + std::to_string(size))),
       spin_microseconds_(spin_microseconds()),
       yield_while_waiting_(shares_cores || yield_while_waiting(size)),
       members_(new Member[static_cast<std::size_t>(size)]),
@@ -95,7 +95,8 @@ LocalGroup::LocalGroup(int size, bool shares_cores)
   slots_[1].resize(static_cast<std::size_t>(size));
   for (int m = 0; m < size; ++m) {
     for (int parity = 0; parity < 2; ++parity) {
-      std::byte* area = inline_storage_.get() + (2 * static_cast<std::size_t>(m) + static_cast<std::size_t>(parity)) * kInlineBytes;
+      std::byte* area =
+          inline_storage_.get() + (2 * static_cast<std::size_t>(m) + static_cast<std::size_t>(parity)) * kInlineBytes;
       std::memset(area, 0, kInlineBytes);  // fault the pages in now, not in a collective
       members_[static_cast<std::size_t>(m)].inline_area[parity] = area;
     }
@@ -434,8 +435,8 @@ void LocalGroup::wait_for_round(int member, std::uint64_t round, const Collectiv
               list_members(round, true) + " wait in it.";
       } else {
         msg = label + " can never complete: replica(s) " + gone +
-              " returned from the replica function without calling it, while replica(s) " +
-              list_members(round, true) + " wait in it. Every replica must call the same collectives in the same order.";
+              " returned from the replica function without calling it, while replica(s) " + list_members(round, true) +
+              " wait in it. Every replica must call the same collectives in the same order.";
       }
       if (!leave()) {
         completing = true;
@@ -499,7 +500,8 @@ void LocalGroup::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   arrivals_.store(0, std::memory_order_relaxed);
   generation_.store(0, std::memory_order_relaxed);
-  for (int i = 0; i < 2 * size_; ++i) small_blocks_[static_cast<std::size_t>(i)].rounds.store(0, std::memory_order_relaxed);
+  for (int i = 0; i < 2 * size_; ++i)
+    small_blocks_[static_cast<std::size_t>(i)].rounds.store(0, std::memory_order_relaxed);
   for (int m = 0; m < size_; ++m) {
     Member& me = members_[static_cast<std::size_t>(m)];
     me.rounds.store(0, std::memory_order_relaxed);

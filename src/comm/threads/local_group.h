@@ -138,8 +138,8 @@ class LocalGroup final : public ReplicaRendezvous {
  private:
   // One cache line.
   struct alignas(64) Member {
-    std::atomic<std::uint64_t> rounds{0};  // rounds this member has arrived at
-    std::uint64_t counted = 0;             // counted rounds among them (this member's thread only)
+    std::atomic<std::uint64_t> rounds{0};       // rounds this member has arrived at
+    std::uint64_t counted = 0;                  // counted rounds among them (this member's thread only)
     std::atomic<const char*> last_op{nullptr};  // for messages: the collective it last joined
     std::atomic<std::uint64_t> last_sequence{0};
     std::byte* inline_area[2] = {nullptr, nullptr};
@@ -211,7 +211,7 @@ class LocalGroup final : public ReplicaRendezvous {
   std::unique_ptr<Member[]> members_;
   std::vector<Entry> slots_[2];
   std::unique_ptr<std::byte[]> inline_storage_;
-  std::unique_ptr<SmallBlock[]> small_blocks_;  // [2 * member + parity]
+  std::unique_ptr<SmallBlock[]> small_blocks_;   // [2 * member + parity]
   std::vector<const std::byte*> small_data_[2];  // every member's small bytes, by parity
 
   // Arrivals at counted rounds (every round but a small one whose members

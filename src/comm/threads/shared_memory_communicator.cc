@@ -102,8 +102,8 @@ void reduce_chunk(std::span<const void* const> srcs, std::size_t len, DType dtyp
 // Elements per chunk of the bandwidth path, streaming (from `scratch`) or not.
 std::size_t chunk_elements(const std::byte* scratch, std::size_t esz) {
   return std::max<std::size_t>(
-      1, (scratch != nullptr ? SharedMemoryCommunicator::kStreamChunkBytes : SharedMemoryCommunicator::kChunkBytes) /
-             esz);
+      1,
+      (scratch != nullptr ? SharedMemoryCommunicator::kStreamChunkBytes : SharedMemoryCommunicator::kChunkBytes) / esz);
 }
 
 // Calls f(segment, at, len, off) for each chunk of at most `chunk` elements
@@ -163,8 +163,7 @@ void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, s
 }
 
 SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> group, int rank,
-                                                   std::size_t all_reduce_stream_bytes,
-                                                   std::size_t share_reduce_above)
+                                                   std::size_t all_reduce_stream_bytes, std::size_t share_reduce_above)
     : group_(std::move(group)),
       rank_(rank),
       all_reduce_stream_bytes_(all_reduce_stream_bytes),
@@ -246,18 +245,17 @@ void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segm
   auto table = [&](int q) { return static_cast<const Segment*>(entries[static_cast<std::size_t>(q)].send); };
   for_each_owned_chunk(segments, owned_begin(total), owned_end(total), chunk, esz,
                        [&](std::size_t s, std::size_t, std::size_t len, std::size_t off) {
-    for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
-    reduce_chunk({srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor,
-                 static_cast<std::byte*>(segments[s].recv) + off, scratch, rank_,
-                 [&](int q) { return static_cast<std::byte*>(table(q)[s].recv) + off; });
-  });
+                         for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
+                         reduce_chunk({srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor,
+                                      static_cast<std::byte*>(segments[s].recv) + off, scratch, rank_,
+                                      [&](int q) { return static_cast<std::byte*>(table(q)[s].recv) + off; });
+                       });
   if (scratch != nullptr) stream_fence();
   group_->release(rank_, call);  // nobody leaves while others still use its buffers
 }
 
-std::shared_ptr<std::byte> SharedMemoryCommunicator::all_reduce_shared(std::span<const Segment> segments,
-                                                                       DType dtype, ReduceOp op,
-                                                                       const CollectiveCall& call,
+std::shared_ptr<std::byte> SharedMemoryCommunicator::all_reduce_shared(std::span<const Segment> segments, DType dtype,
+                                                                       ReduceOp op, const CollectiveCall& call,
                                                                        std::int64_t mean_divisor) {
   const int n = size();
   const std::size_t esz = size_of(dtype);
@@ -287,11 +285,12 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::all_reduce_shared(std::span
   // one output (through the thread's chunk, and streamed, when streaming).
   for_each_owned_chunk(segments, owned_begin(total), owned_end(total), chunk, esz,
                        [&](std::size_t s, std::size_t at, std::size_t len, std::size_t off) {
-    for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
-    std::byte* dst = out.get() + at * esz;
-    reduce_sources(scratch != nullptr ? scratch : dst, {srcs, static_cast<std::size_t>(n)}, len, dtype, op, divisor);
-    if (scratch != nullptr) stream_copy(dst, scratch, len * esz);
-  });
+                         for (int q = 0; q < n; ++q) srcs[q] = static_cast<const std::byte*>(table(q)[s].send) + off;
+                         std::byte* dst = out.get() + at * esz;
+                         reduce_sources(scratch != nullptr ? scratch : dst, {srcs, static_cast<std::size_t>(n)}, len,
+                                        dtype, op, divisor);
+                         if (scratch != nullptr) stream_copy(dst, scratch, len * esz);
+                       });
   if (scratch != nullptr) stream_fence();
   group_->release(rank_, call);  // nobody reads the output before every slice is in
   return out;
@@ -432,8 +431,9 @@ void SharedMemoryCommunicator::broadcast(void* buffer, std::size_t count, DType 
 void SharedMemoryCommunicator::check_root(int root, const CollectiveCall& call) const {
   // Every member passes the same root: every member throws, before any round.
   if (root < 0 || root >= size()) {
-    throw InvalidArgumentError(std::string(call.op) + " #" + std::to_string(call.sequence) + ": broadcast from member " +
-                               std::to_string(root) + " of a group of " + std::to_string(size()));
+    throw InvalidArgumentError(std::string(call.op) + " #" + std::to_string(call.sequence) +
+                               ": broadcast from member " + std::to_string(root) + " of a group of " +
+                               std::to_string(size()));
   }
 }
 
@@ -491,8 +491,9 @@ std::shared_ptr<std::byte> SharedMemoryCommunicator::broadcast_shared(const void
   if (size() == 1 || !shares_broadcast(bytes)) return Communicator::broadcast_shared(send, count, dtype, root, call);
   // Allocated by the member that completes the round, as all_gather_v_shared's.
   std::shared_ptr<void> made;
-  const auto& entries = group_->arrive_making(rank_, {.send = rank_ == root ? send : nullptr, .tag = call.signature_tag},
-                                              call, allocate_shared_output, &bytes, made);
+  const auto& entries =
+      group_->arrive_making(rank_, {.send = rank_ == root ? send : nullptr, .tag = call.signature_tag}, call,
+                            allocate_shared_output, &bytes, made);
   auto out = std::static_pointer_cast<std::byte>(std::move(made));
   if (!out) {
     group_->release(rank_, call);  // as every member does: the group stays in step

@@ -89,8 +89,8 @@ class SharedMemoryCommunicator final : public Communicator {
   std::string_view backend_name() const override { return "threads"; }
 
   std::vector<std::string> exchange(std::string payload, const CollectiveCall& call) override;
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                  const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const CollectiveCall& call,
+                  std::int64_t mean_divisor = 0) override;
   // The bandwidth path straight from and into every segment: no staging copy.
   void all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op, const CollectiveCall& call,
                            std::int64_t mean_divisor = 0) override;
@@ -123,8 +123,8 @@ class SharedMemoryCommunicator final : public Communicator {
   // buffer into its recv: no staging, nothing copied to the others.
   void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
                       const CollectiveCall& call, std::int64_t mean_divisor = 0) override;
-  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer,
-                    DType dtype, const CollectiveCall& call) override;
+  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, std::size_t outer, DType dtype,
+                    const CollectiveCall& call) override;
   // From a contribution of more than kInlineBytes (shares_gather), every
   // member returns one output, allocated by the member that completes the
   // data round: each copies its own block into it, where all_gather_v
