@@ -19,6 +19,11 @@ public_layer() {
     context | distributed_values | replica_context | strategy | mirrored_strategy | \
       multi_worker_mirrored_strategy | input) echo 2 ;;
     variables | optimizers) echo 3 ;;
+    # include/distribute/internal/: what the public headers' templates need
+    # and users do not call, each in the layer of the header that includes it.
+    internal/tensor) echo 0 ;;
+    internal/run_on_replicas | internal/access) echo 2 ;;
+    internal/variable_update) echo 3 ;;
     distribute) echo 4 ;;  # the umbrella header
     *) echo unknown ;;
   esac
@@ -33,7 +38,7 @@ file_layer() {
     src/training/*) echo 3 ;;
     tools/* | examples/*) echo 4 ;;
     include/distribute/*.h)
-      local name="${1##*/}"
+      local name="${1#include/distribute/}"
       public_layer "${name%.h}"
       ;;
     *) echo unknown ;;

@@ -4,8 +4,8 @@
 // transport: byte-level collectives of one member ("rank") of a fixed group.
 // The runtime validates and agrees on every call before it reaches a
 // communicator, so implementations may assume matching calls, counts and
-// dtypes on every rank. Implemented today by the in-process shared-memory
-// backend (comm/threads); MPI and hierarchical backends implement the same.
+// dtypes on every rank. The backends that implement it, and how one plugs
+// in: docs/algorithms.md, "How a backend plugs in".
 //
 // Contract for every method: called by every rank of the group, in the same
 // order; blocks until this rank's part is done; throws the group's abort
@@ -121,10 +121,9 @@ class Communicator {
   // all_reduce_segments into storage of the call's own, which this rank must
   // only read (the segments' recv are not used): returns the concatenation
   // of every segment's result, null for no elements. Ranks that share an
-  // address space may all be given the same storage (the in-process backend
-  // does above 64 KiB with more than one rank, the hierarchical one above
-  // 1 KiB among the replicas of a worker), so that each element of the
-  // result is written once instead of once per rank. The default allocates
+  // address space may all be given the same storage (from which size each
+  // backend does: docs/algorithms.md, "Shared outputs"), so that each element
+  // of the result is written once instead of once per rank. The default allocates
   // one block per rank and calls all_reduce (one segment) or
   // all_reduce_segments.
   virtual std::shared_ptr<std::byte> all_reduce_shared(std::span<const Segment> segments, DType dtype, ReduceOp op,
@@ -147,8 +146,7 @@ class Communicator {
                             DType dtype, const CollectiveCall& call) = 0;
   // all_gather_v into storage of the call's own, which this rank must only
   // read: ranks that share an address space may all be given the same
-  // storage (the in-process backend does for contributions above 4 KiB),
-  // so that each rank writes its own block once instead of every rank
+  // storage ("Shared outputs", as above), so that each rank writes its own block once instead of every rank
   // writing every block. Returns outer * sum(counts) elements (null
   // for none). The default allocates one block per rank and calls
   // all_gather_v. Failures as all_gather_v's.
@@ -167,8 +165,7 @@ class Communicator {
   // broadcast into storage of the call's own, which this rank must only
   // read: returns root's `count` elements (null for none); `send` is read
   // on root only. Ranks that share an address space may all be given the
-  // same storage (the in-process backend does above 4 KiB, the hierarchical
-  // one among the replicas of a worker), so that root's bytes are copied
+  // same storage ("Shared outputs", as above), so that root's bytes are copied
   // once instead of once per rank. The default allocates one block per rank
   // and calls broadcast_out_of_place into it.
   virtual std::shared_ptr<std::byte> broadcast_shared(const void* send, std::size_t count, DType dtype, int root,

@@ -48,8 +48,9 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
+// (A class name cannot be parenthesised, whatever clang-tidy suggests.)
 #define DISTRIBUTE_DEFINE_ERROR(Name, Code)                                        \
-  class Name : public Error {                                                      \
+  class Name /* NOLINT(bugprone-macro-parentheses) */ : public Error {             \
    public:                                                                         \
     explicit Name(const std::string& message) : Error(ErrorCode::Code, message) {} \
   }

@@ -24,6 +24,7 @@
 
 #include "distribute/context.h"
 #include "distribute/distributed_values.h"
+#include "distribute/internal/access.h"
 #include "distribute/nest.h"
 #include "distribute/tensor.h"
 
@@ -90,12 +91,16 @@ class DistributedDataset {
   iterator begin() { return iterator(this); }
   iterator end() { return iterator(nullptr); }
 
-  // ---- for the runtime ---------------------------------------------------
-  struct Source;
-  explicit DistributedDataset(std::shared_ptr<Source> source) : source_(std::move(source)) {}
-
  private:
-  std::shared_ptr<Source> source_;
+  friend struct internal::Access;
+  explicit DistributedDataset(std::shared_ptr<internal::DatasetSource> source) : source_(std::move(source)) {}
+  std::shared_ptr<internal::DatasetSource> source_;
 };
+
+namespace internal {
+inline DistributedDataset Access::make_dataset(std::shared_ptr<DatasetSource> source) {
+  return DistributedDataset(std::move(source));
+}
+}  // namespace internal
 
 }  // namespace distribute

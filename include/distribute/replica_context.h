@@ -31,6 +31,7 @@
 
 #include "distribute/distributed_values.h"
 #include "distribute/indexed_slices.h"
+#include "distribute/internal/access.h"
 #include "distribute/nest.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
@@ -57,6 +58,13 @@ class ReplicaContext {
   // returns it as an int32 Tensor; wrap it with constant() for that.
   int replica_id_in_sync_group() const { return replica_id_; }
   int num_replicas_in_sync() const;
+  // This replica's place among this process's replicas, in [0,
+  // strategy().num_local_replicas()): the index of its component in a
+  // PerReplica value and in experimental_local_results (not in TensorFlow,
+  // where a replica reads its component through the value itself). Equal to
+  // replica_id_in_sync_group() under one process; under several workers,
+  // replica_id_in_sync_group() minus the first replica of this worker.
+  int local_replica_id() const { return local_id_; }
   Strategy& strategy() const { return *strategy_; }
   // The devices of this replica (one): e.g. {"/job:localhost/replica:0/task:0/device:CPU:1"}.
   std::vector<std::string> devices() const;
@@ -123,12 +131,12 @@ class ReplicaContext {
   template <class MergeFn, class... Args>
   auto merge_call(MergeFn&& merge_fn, const Args&... args);
 
-  // ---- for the runtime -----------------------------------------------------
-  ReplicaContext(Strategy& strategy, int replica_id, int local_id, internal::ReplicaChannel* channel);
-  int local_replica_id() const { return local_id_; }
-  internal::ReplicaChannel& channel() const { return *channel_; }
+  // Made by the strategy for each of its replicas (only the library has a key).
+  ReplicaContext(internal::ReplicaContextKey, Strategy& strategy, int replica_id, int local_id,
+                 internal::ReplicaChannel* channel);
 
  private:
+  friend struct internal::Access;
   // Told by a merge body once it has copied every replica's arguments: the
   // other replicas, whose stacks hold them, may leave merge_call from then on.
   struct ArgsTaken {
@@ -145,6 +153,10 @@ class ReplicaContext {
   int local_id_;
   internal::ReplicaChannel* channel_;
 };
+
+namespace internal {
+inline ReplicaChannel& Access::channel(const ReplicaContext& ctx) { return *ctx.channel_; }
+}  // namespace internal
 
 template <class MergeFn, class... Args>
 auto ReplicaContext::merge_call(MergeFn&& merge_fn, const Args&... args) {

@@ -30,6 +30,7 @@
 #include "distribute/context.h"
 #include "distribute/distributed_values.h"
 #include "distribute/indexed_slices.h"
+#include "distribute/internal/access.h"
 #include "distribute/nest.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
@@ -49,19 +50,6 @@ using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
 namespace internal {
 struct StrategyState;
 struct Pack;
-class StrategyRef;
-// Multi-worker strategies: replaces `value` (which must own its storage) on
-// every worker with worker 0's, after the workers agree on its dtype and
-// shape (a mismatch raises the same InvalidArgumentError on every worker).
-// A worker that passes `local_error` (its own refusal of the value) makes
-// every worker raise it, naming that worker. One worker: does nothing.
-void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api, const Error* local_error = nullptr);
-// Multi-worker strategies: every worker's `payload`, in worker order (a
-// collective). One worker: {payload}. A worker that passes `local_error`
-// (found before the call) makes every worker raise it, instead of leaving
-// the others waiting for a call it never makes.
-std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api,
-                                                 const Error* local_error = nullptr);
 // The replica context of `s` if this thread is in s's replica mode (inside s.run), else nullptr.
 ReplicaContext* replica_context_of(const Strategy& s);
 }  // namespace internal
@@ -292,13 +280,6 @@ class Strategy {
   requires(!is_distributed_values_v<T>) std::vector<T> experimental_local_results(const T& value)
   const { return {value}; }
 
-  // ---- for the runtime and for strategies -------------------------------
-  // Throws the TensorFlow error unless this thread is in this strategy's
-  // cross-replica context or in the default context.
-  void require_cross_replica_or_default(std::string_view api) const;
-  // Runs body(ctx) on every local replica (the engine behind run).
-  void run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api);
-
  protected:
   // `checks_settings`: whether creating it checks the environment's settings
   // of the engine (DISTRIBUTE_SPIN_MICROSECONDS, ..._STREAM_ALL_REDUCE_BYTES,
@@ -319,11 +300,12 @@ class Strategy {
   friend class StrategyScope;
   friend class StrategyExtended;
   friend class ReplicaContext;
-  friend class internal::StrategyRef;
-  friend void internal::broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api,
-                                                    const Error* local_error);
-  friend std::vector<std::string> internal::exchange_across_workers(Strategy& s, std::string payload,
-                                                                    std::string_view api, const Error* local_error);
+  friend struct internal::Access;
+  // Throws the TensorFlow error unless this thread is in this strategy's
+  // cross-replica context or in the default context.
+  void require_cross_replica_or_default(std::string_view api) const;
+  // Runs body(ctx) on every local replica (the engine behind run).
+  void run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api);
   // Reduces one component per local replica (same dtype and shape, agreed by
   // every worker) across every replica in sync; MEAN divides by
   // `mean_divisor` (num_replicas_in_sync if 0).
@@ -388,201 +370,23 @@ auto Strategy::experimental_distribute_values_from_function(Fn&& fn) {
 }
 
 namespace internal {
-// Returns by value: an argument may reach fn as a temporary (a Tensor every
-// replica receives is the replica's read-only copy), and a reference fn
-// returns to it must not outlive this call.
-template <class Fn, class... Args>
-auto invoke_replica_fn(ReplicaContext& ctx, Fn& fn, const Args&... args) {
-  const auto i = static_cast<std::size_t>(ctx.local_replica_id());
-  if constexpr (std::is_invocable_v<Fn&, ReplicaContext&, select_replica_t<Args>...>) {
-    return fn(ctx, select_replica(i, args)...);
-  } else {
-    static_assert(std::is_invocable_v<Fn&, select_replica_t<Args>...>,
-                  "the replica function must be callable as fn(args...) or fn(ReplicaContext&, args...)");
-    return fn(select_replica(i, args)...);
-  }
+inline void Access::run_replicas(Strategy& s, const std::function<void(ReplicaContext&)>& body, std::string_view api) {
+  s.run_replicas(body, api);
 }
-
-template <class Fn, class... Args>
-using replica_result_t = std::decay_t<decltype(invoke_replica_fn(std::declval<ReplicaContext&>(), std::declval<Fn&>(),
-                                                                 std::declval<const Args&>()...))>;
-
-void check_components(std::size_t given, const Strategy& s, std::string_view what);
-
-// Calls count(components) for every PerReplica/Mirrored in `value`, at its
-// top or inside the tuples, pairs, vectors, optionals and maps that
-// select_replica maps; a type it does not know is not looked into.
-template <class T, class Count>
-void for_each_component_count([[maybe_unused]] const T& value, [[maybe_unused]] Count& count) {
-  if constexpr (!ReplicaSelection<T>::kDistributed) {
-    return;
-  } else if constexpr (is_distributed_values_v<T>) {
-    count(value.size());
-  } else if constexpr (requires { std::tuple_size<T>::value; }) {  // std::tuple, std::pair
-    std::apply([&](const auto&... e) { (for_each_component_count(e, count), ...); }, value);
-  } else if constexpr (requires { value.has_value(); }) {  // std::optional
-    if (value) for_each_component_count(*value, count);
-  } else if constexpr (requires { typename T::mapped_type; }) {  // std::map
-    for (const auto& entry : value) for_each_component_count(entry.second, count);
-  } else if constexpr (std::ranges::range<T>) {  // std::vector
-    for (const auto& e : value) for_each_component_count(e, count);
-  }
+inline void Access::require_cross_replica_or_default(const Strategy& s, std::string_view api) {
+  s.require_cross_replica_or_default(api);
 }
-
-// Checks every distributed value among `args`, nested ones too, for one
-// component per local replica of `s` (check_components, naming `api`).
-template <class... Args>
-void check_component_counts(const Strategy& s, std::string_view api, const Args&... args) {
-  [[maybe_unused]] auto count = [&](std::size_t components) { check_components(components, s, api); };
-  (for_each_component_count(args, count), ...);
-}
-
-// The structure of a replica function's result, for the check that every
-// replica returned the same one (TensorFlow's regroup refuses results of
-// different structures): a Nest's structure_string(); vectors as lists,
-// tuples and pairs as tuples, maps as dicts (keys as operator<< prints
-// them), an optional as its value or None; "*" for anything else.
-template <class T>
-struct ResultStructure {
-  static constexpr bool kNested = false;
-  static void append(std::string& s, const T&) { s += '*'; }
-};
-template <class T>
-constexpr bool kNestedResult = ResultStructure<T>::kNested;
-template <class T>
-struct ResultStructure<Nest<T>> {
-  static constexpr bool kNested = true;
-  static void append(std::string& s, const Nest<T>& v) { s += v.structure_string(); }
-};
-template <class T>
-struct ResultStructure<std::vector<T>> {
-  static constexpr bool kNested = true;
-  static void append(std::string& s, const std::vector<T>& v) {
-    s += '[';
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (i) s += ", ";
-      ResultStructure<T>::append(s, v[i]);
-    }
-    s += ']';
-  }
-};
-template <class... Ts>
-struct ResultStructure<std::tuple<Ts...>> {
-  static constexpr bool kNested = true;
-  static void append(std::string& s, const std::tuple<Ts...>& v) {
-    s += '(';
-    std::size_t i = 0;
-    std::apply(
-        [&](const auto&... e) {
-          ((s += (i++ ? ", " : ""), ResultStructure<std::decay_t<decltype(e)>>::append(s, e)), ...);
-        },
-        v);
-    s += sizeof...(Ts) == 1 ? ",)" : ")";
-  }
-};
-template <class A, class B>
-struct ResultStructure<std::pair<A, B>> {
-  static constexpr bool kNested = true;
-  static void append(std::string& s, const std::pair<A, B>& v) {
-    s += '(';
-    ResultStructure<A>::append(s, v.first);
-    s += ", ";
-    ResultStructure<B>::append(s, v.second);
-    s += ')';
-  }
-};
-template <class T>
-struct ResultStructure<std::optional<T>> {
-  static constexpr bool kNested = true;
-  static void append(std::string& s, const std::optional<T>& v) {
-    if (v) {
-      ResultStructure<T>::append(s, *v);
-    } else {
-      s += "None";
-    }
-  }
-};
-template <class K, class V, class Compare>
-struct ResultStructure<std::map<K, V, Compare>> {
-  static constexpr bool kNested = true;
-  static void append(std::string& s, const std::map<K, V, Compare>& v) {
-    s += '{';
-    bool first = true;
-    for (const auto& [key, value] : v) {
-      s += first ? "'" : ", '";
-      if constexpr (requires(std::ostream & os, const K& k) { os << k; }) {
-        std::ostringstream k;
-        k << key;
-        s += k.str();
-      } else {
-        s += '?';  // a key that cannot be printed: the keys' count is compared still
-      }
-      s += "': ";
-      ResultStructure<V>::append(s, value);
-      first = false;
-    }
-    s += '}';
-  }
-};
-// InvalidArgumentError: the replicas (from `first_replica`) returned results
-// of these different structures; names them and the first difference.
-[[noreturn]] void throw_different_result_structures(std::string_view api, int first_replica,
-                                                    const std::vector<std::string>& structures);
-template <class R>
-void check_result_structures(std::string_view api, int first_replica, const std::vector<R>& values) {
-  if constexpr (kNestedResult<R>) {
-    std::vector<std::string> structures(values.size());
-    bool differ = false;
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      ResultStructure<R>::append(structures[i], values[i]);
-      differ = differ || structures[i] != structures[0];
-    }
-    if (differ) throw_different_result_structures(api, first_replica, structures);
-  }
-}
-
-template <class Fn, class... Args>
-auto run_on_replicas(Strategy& s, std::string_view api, Fn& fn, const Args&... args) {
-  // Before any replica starts: a value with too few components would fail
-  // in some replicas only, and one with too many would pass unnoticed.
-  check_component_counts(s, api, args...);
-  using R = replica_result_t<Fn, Args...>;
-  if constexpr (std::is_void_v<R>) {
-    s.run_replicas([&](ReplicaContext& ctx) { invoke_replica_fn(ctx, fn, args...); }, api);
-  } else {
-    std::vector<std::optional<R>> results(static_cast<std::size_t>(s.num_local_replicas()));
-    s.run_replicas(
-        [&](ReplicaContext& ctx) {
-          results[static_cast<std::size_t>(ctx.local_replica_id())].emplace(invoke_replica_fn(ctx, fn, args...));
-        },
-        api);
-    std::vector<R> values;
-    values.reserve(results.size());
-    for (auto& r : results) values.push_back(std::move(*r));
-    check_result_structures(api, s.first_replica_id(), values);
-    return PerReplica<R>(std::move(values));
-  }
-}
-
-// What update() in a replica context hands each replica: the whole result,
-// its own copy, with every tensor in it a read-only view, as select_replica
-// makes them (alone, as a Nest<Tensor>'s leaf, in a tuple, pair, vector,
-// optional or map, an IndexedSlices' tensors). The components are one
-// storage for every replica (and often the variable's own), so a write
-// through one replica's result would race with the others' reads; clone()
-// to write.
-template <class R>
-Mirrored<R> replica_copy_of_update_result(const Mirrored<R>& whole) {
-  if constexpr (!ReplicaSelection<R>::kDistributed && std::is_same_v<select_replica_t<R>, R>) {
-    std::vector<R> values;
-    values.reserve(whole.size());
-    for (std::size_t i = 0; i < whole.size(); ++i) values.push_back(select_replica(i, whole.component(i)));
-    return Mirrored<R>(std::move(values));
-  } else {
-    return whole;  // a type select_replica would change: shared as it is
-  }
-}
+inline StrategyState& Access::state(Strategy& s) { return *s.state_; }
+inline const CommunicationOptions& Access::options(const Strategy& s) { return s.options_; }
 }  // namespace internal
+
+}  // namespace distribute
+
+// The templates behind run, call_for_each_replica and update: they call
+// the members of the classes above, so they come after them.
+#include "distribute/internal/run_on_replicas.h"  // IWYU pragma: export
+
+namespace distribute {
 
 template <class Fn, class... Args>
 auto Strategy::run(Fn&& fn, const Args&... args) {

@@ -26,6 +26,7 @@
 
 #include "distribute/dtype.h"
 #include "distribute/errors.h"
+#include "distribute/internal/tensor.h"  // IWYU pragma: export
 
 namespace distribute {
 
@@ -64,31 +65,12 @@ class Shape {
 // The host's first CPU device: where tensors go outside any replica.
 inline constexpr const char* kHostDevice = "/job:localhost/replica:0/task:0/device:CPU:0";
 
-namespace internal {
-// A stable copy of a device name, shared by every tensor on that device (the
-// registry only grows; device names are few).
-const std::string* intern_device(std::string_view device);
-// The device new tensors are placed on when none is given, as TensorFlow's
-// `with tf.device(...)` scope: kHostDevice, or the replica's device inside
-// Strategy::run (the runtime sets it on each replica thread).
-const std::string& default_device();
-class DeviceScope {
- public:
-  explicit DeviceScope(const std::string& device);
-  ~DeviceScope();
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  const std::string* previous_;
-};
-}  // namespace internal
-
 class Tensor {
  public:
   // An empty float32 tensor of shape (0,).
   Tensor();
-  // Zero-filled tensor, on `device` (default: internal::default_device()).
+  // Zero-filled tensor, on `device` (default: the current device scope: the
+  // replica's device inside Strategy::run, else kHostDevice).
   Tensor(DType dtype, Shape shape, std::string_view device = {});
 
   // A tensor whose bytes are not initialised; for buffers that are written whole.
@@ -183,7 +165,7 @@ class Tensor {
   bool read_only_ = false;
   Shape shape_{0};
   std::shared_ptr<std::byte> data_;
-  const std::string* device_;  // interned (internal::intern_device): copies share it
+  const std::string* device_;  // interned: copies share it
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
@@ -193,15 +175,6 @@ std::string repr(const Tensor& t);
 // ---- Construction, as tf.constant ----------------------------------------
 // C++ types map to dtypes as dtype_of<T>(): int -> int32, float -> float32,
 // double -> float64, bool -> bool, std::int64_t -> int64.
-namespace internal {
-template <class T>
-using ConstantElement = std::conditional_t<std::is_same_v<T, long>, std::int64_t, T>;
-Tensor make_constant(DType dtype, Shape shape, const void* data);
-// The bytes of a dtype x shape tensor; InvalidArgumentError where they do
-// not fit in int64.
-std::size_t checked_nbytes(DType dtype, const Shape& shape);
-}  // namespace internal
-
 // A tensor of `shape` holding `values` (row-major); sizes must agree.
 template <class T>
 Tensor constant(const std::vector<T>& values, Shape shape) {

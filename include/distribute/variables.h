@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "distribute/distributed_values.h"
+#include "distribute/internal/access.h"
 #include "distribute/strategy.h"
 #include "distribute/tensor.h"
 
@@ -86,7 +87,7 @@ class Variable {
   // is collective: every worker creates its variables in the same order and
   // all start from worker 0's initial value, as TensorFlow broadcasts it.
   // Creating one inside Strategy::run is a FailedPreconditionError.
-  explicit Variable(const Tensor& initial_value, VariableOptions options = {});
+  explicit Variable(const Tensor& initial_value, const VariableOptions& options = {});
 
   const std::string& name() const;
   DType dtype() const;
@@ -132,7 +133,11 @@ class Variable {
   // Same variable (not same value).
   friend bool operator==(const Variable& a, const Variable& b) { return a.state_ == b.state_; }
 
-  // ---- for the runtime ---------------------------------------------------
+ protected:
+  Variable(const Tensor& initial_value, const VariableOptions& options, VariableSynchronization required);
+
+ private:
+  friend struct internal::Access;
   // Throws unless this variable may be used under `s` by `api`.
   void check_strategy(const Strategy& s, std::string_view api) const;
   // Component i, writable; check_component after changing it.
@@ -142,10 +147,6 @@ class Variable {
   // `returned`: fn's result, which may hold the component's new storage too.
   void check_component(std::size_t i, std::string_view api, const Tensor& before, const Tensor* returned = nullptr);
 
- protected:
-  Variable(const Tensor& initial_value, VariableOptions options, VariableSynchronization required);
-
- private:
   enum class Write { kAssign, kAdd, kSub };
   void write(Write kind, const Tensor& value);
   std::shared_ptr<internal::VariableState> state_;
@@ -154,84 +155,42 @@ class Variable {
 // An ON_WRITE variable: options.synchronization must be AUTO or ON_WRITE.
 class MirroredVariable : public Variable {
  public:
-  explicit MirroredVariable(const Tensor& initial_value, VariableOptions options = {});
+  explicit MirroredVariable(const Tensor& initial_value, const VariableOptions& options = {});
 };
 
 // An ON_READ variable: options.synchronization must be AUTO or ON_READ.
 class SyncOnReadVariable : public Variable {
  public:
-  explicit SyncOnReadVariable(const Tensor& initial_value, VariableOptions options = {});
+  explicit SyncOnReadVariable(const Tensor& initial_value, const VariableOptions& options = {});
 };
 
 std::ostream& operator<<(std::ostream& os, const Variable& v);
 
 namespace internal {
-// Throws unless every replica passed the same variable to `api` (merge_fn side).
-void check_same_variable(const PerReplica<Variable>& vars, std::string_view api);
-// `value`, or a copy of it when its bytes overlap a component of `var` (a
-// view of w.value()): a write of every component must read the value as it
-// was before the first component changed.
-Tensor value_apart_from(const Variable& var, const Tensor& value);
-template <class T>
-const T& value_apart_from(const Variable&, const T& value) {
-  return value;
+inline void Access::check_strategy(const Variable& v, const Strategy& s, std::string_view api) {
+  v.check_strategy(s, api);
 }
-inline Nest<Tensor> value_apart_from(const Variable& var, const Nest<Tensor>& value) {
-  return value.map([&var](const Tensor& leaf) { return value_apart_from(var, leaf); });
+inline Tensor& Access::mutable_component(Variable& v, std::size_t i) { return v.mutable_component(i); }
+inline void Access::check_component(Variable& v, std::size_t i, std::string_view api, const Tensor& before,
+                                    const Tensor* returned) {
+  v.check_component(i, api, before, returned);
 }
-// Writes `fn`'s effect into every component of `var`, component i seeing
-// select_replica(i, args)..., under the component's device.
-template <class Fn, class... Args>
-auto update_variable_components(Variable& var, Fn& fn, const Args&... given) {
-  using R = std::decay_t<std::invoke_result_t<Fn&, Tensor&, select_replica_t<Args>...>>;
-  // update(w, fn, w.value()): every component sees the value from before fn
-  // changed component 0.
-  const std::tuple<decltype(value_apart_from(var, given))...> held(value_apart_from(var, given)...);
-  // fn on component i. A component fn replaced with a tensor of another
-  // dtype or shape gets its own tensor back (check_component), also when fn
-  // then throws.
-  auto one = [&](std::size_t i, const Tensor& before) {
-    DeviceScope device(var.values()[i].device());
-    try {
-      return std::apply([&](const auto&... args) { return fn(var.mutable_component(i), select_replica(i, args)...); },
-                        held);
-    } catch (...) {
-      try {
-        var.check_component(i, "update", before);
-      } catch (const Error&) {
-      }
-      throw;  // fn's own exception
-    }
-  };
-  if constexpr (std::is_void_v<R>) {
-    for (std::size_t i = 0; i < var.size(); ++i) {
-      const Tensor before = var.values()[i];
-      one(i, before);
-      var.check_component(i, "update", before);
-    }
-  } else {
-    std::vector<R> out;
-    out.reserve(var.size());
-    for (std::size_t i = 0; i < var.size(); ++i) {
-      const Tensor before = var.values()[i];
-      R result = one(i, before);
-      if constexpr (std::is_same_v<R, Tensor>) {
-        var.check_component(i, "update", before, &result);  // fn may return the component it installed
-      } else {
-        var.check_component(i, "update", before);
-      }
-      out.push_back(std::move(result));
-    }
-    return Mirrored<R>(std::move(out));
-  }
-}
+
 }  // namespace internal
+
+}  // namespace distribute
+
+// The templates behind update_distributed: they call the members of the
+// classes above, so they come after them.
+#include "distribute/internal/variable_update.h"  // IWYU pragma: export
+
+namespace distribute {
 
 // StrategyExtended::update(Variable&, fn, args...) (strategy.h).
 template <class Fn, class... Args>
 auto update_distributed(StrategyExtended& extended, Variable& var, Fn& fn, const Args&... args) {
   Strategy& strategy = extended.strategy();
-  var.check_strategy(strategy, "update");
+  internal::Access::check_strategy(var, strategy, "update");
   using R = std::decay_t<std::invoke_result_t<Fn&, Tensor&, select_replica_t<Args>...>>;
   constexpr bool kDistributedArgs = (ReplicaSelection<Args>::kDistributed || ...);
   ReplicaContext* ctx = internal::replica_context_of(strategy);
@@ -260,7 +219,7 @@ auto update_distributed(StrategyExtended& extended, Variable& var, Fn& fn, const
       return internal::replica_copy_of_update_result(*ctx->merge_call(merge_fn, var, args...));
     }
   }
-  strategy.require_cross_replica_or_default("update");
+  internal::Access::require_cross_replica_or_default(strategy, "update");
   // Before any component changes: too few components would fail part way,
   // too many pass unnoticed.
   internal::check_component_counts(strategy, "update", args...);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor_internal.h"
+
 namespace distribute {
 namespace {
 

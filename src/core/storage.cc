@@ -152,7 +152,7 @@ constexpr std::size_t kThreadCacheBlocksPerClass = 8;
 // allocation and free of a collective's output, and a hash map's modulo was
 // a visible part of the API's fixed cost.
 struct ThreadCache {
-  std::array<std::vector<void*>, 4 * 64> free;
+  std::array<std::vector<void*>, std::size_t{4} * 64> free;
   std::size_t bytes = 0;
   ~ThreadCache();
 };

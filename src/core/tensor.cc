@@ -11,6 +11,7 @@
 
 #include "core/recent_answers.h"
 #include "core/storage.h"
+#include "core/tensor_internal.h"
 
 namespace distribute {
 

@@ -127,7 +127,7 @@ std::uint64_t all_reduce_tag(const Signature& sig, ReduceOp op, std::string_view
 template <class AsNest>
 std::vector<Tensor> reduce_leaves(ReplicaContext& ctx, ReduceOp op, const std::vector<Tensor>& leaves,
                                   std::string_view structure, CollectiveStart& start, const AsNest& as_nest) {
-  ReplicaChannel& ch = ctx.channel();
+  ReplicaChannel& ch = internal::Access::channel(ctx);
   const std::int64_t bytes_per_pack = start.options.bytes_per_pack;
   // The hash travels with the first data round. Only if the hashes differ do
   // the replicas exchange full signatures, to explain.

@@ -119,7 +119,7 @@ template <class Move, class AsNest>
 auto broadcast_or_explain(ReplicaContext& ctx, int root_replica, std::int64_t bytes_per_pack, Signature& sig,
                           const CollectiveCall& call, std::span<const Tensor> leaves, const Move& move,
                           const AsNest& as_nest) -> decltype(move()) {
-  ReplicaChannel& ch = ctx.channel();
+  ReplicaChannel& ch = internal::Access::channel(ctx);
   try {
     if (!sig.error_code) return move();
     ch.comm->barrier(call);  // the tag says this replica's call is invalid: every replica throws
@@ -144,7 +144,7 @@ std::vector<Tensor> broadcast_leaves(ReplicaContext& ctx, int root_replica, cons
   return broadcast_or_explain(
       ctx, root_replica, bytes_per_pack, start.sig, start.call, leaves,
       [&] {
-        return broadcast_packed(ctx.channel(), leaves, root_replica - first_replica_of_group(ctx),
+        return broadcast_packed(internal::Access::channel(ctx), leaves, root_replica - first_replica_of_group(ctx),
                                 std::max<std::int64_t>(0, bytes_per_pack), start.call);
       },
       as_nest);

@@ -38,6 +38,7 @@ void check_agreed(ReplicaChannel& ch, const std::vector<Signature>& sigs, int fi
   call.signature_tag = 0;
   std::vector<std::string> payloads = ch.comm->exchange(sig.encode(), call);
   std::vector<Signature> sigs;
+  sigs.reserve(payloads.size());
   for (const auto& p : payloads) sigs.push_back(Signature::decode(p));
   check_agreed(ch, sigs, first_replica, rule, axis, namer, rules);
   throw InternalError(std::string(sig.op) + " #" + std::to_string(sig.sequence) +
@@ -66,7 +67,7 @@ CollectiveStart begin_collective(ReplicaContext& ctx, const char* op, const Comm
   CollectiveStart start;
   start.options = ctx.strategy().communication_options().merge(options);
   internal::note_implementation(start.options);
-  start.call = internal::next_call(ctx.channel(), op, start.options);
+  start.call = internal::next_call(internal::Access::channel(ctx), op, start.options);
   start.sig.op = op;
   start.sig.sequence = start.call.sequence;
   try {
@@ -82,7 +83,7 @@ internal::LeafNamer namer_for(const std::vector<std::string>& paths) {
 }
 
 int first_replica_of_group(const ReplicaContext& ctx) {
-  return ctx.replica_id_in_sync_group() - ctx.channel().comm->rank();
+  return ctx.replica_id_in_sync_group() - internal::Access::channel(ctx).comm->rank();
 }
 
 Tensor result_view(std::shared_ptr<std::byte> result, std::size_t offset, const Tensor& value,

@@ -10,6 +10,7 @@
 #include "distribute/strategy.h"
 #include "runtime/runtime_util.h"
 #include "runtime/strategy_ref.h"
+#include "runtime/worker_agreement.h"
 
 namespace distribute {
 
@@ -91,8 +92,8 @@ std::int64_t batch_rows(const Nest<Tensor>& batch, std::string_view api) {
 
 }  // namespace
 
-struct DistributedDataset::Source {
-  virtual ~Source() = default;
+struct internal::DatasetSource {
+  virtual ~DatasetSource() = default;
   virtual std::optional<PerReplica<Nest<Tensor>>> next() = 0;
 };
 
@@ -141,7 +142,7 @@ struct LocalFailure {
 };
 
 // experimental_distribute_dataset: each global batch split across every replica in sync.
-class RebatchSource final : public DistributedDataset::Source {
+class RebatchSource final : public internal::DatasetSource {
  public:
   RebatchSource(Strategy& s, BatchFn batches, std::int64_t global_batch_size)
       : strategy_(s), batches_(std::move(batches)), global_(global_batch_size) {
@@ -166,7 +167,7 @@ class RebatchSource final : public DistributedDataset::Source {
 
   std::optional<PerReplica<Nest<Tensor>>> next() override {
     Strategy& s = strategy_.get("the distributed dataset of experimental_distribute_dataset");
-    s.require_cross_replica_or_default("get_next");
+    internal::Access::require_cross_replica_or_default(s, "get_next");
     std::optional<Nest<Tensor>> batch;
     std::int64_t rows = -1;
     LocalFailure failure;
@@ -215,13 +216,13 @@ class RebatchSource final : public DistributedDataset::Source {
 };
 
 // distribute_datasets_from_function: each local replica takes the next batch of this worker's pipeline.
-class PipelineSource final : public DistributedDataset::Source {
+class PipelineSource final : public internal::DatasetSource {
  public:
   PipelineSource(Strategy& s, BatchFn batches) : strategy_(s), batches_(std::move(batches)) {}
 
   std::optional<PerReplica<Nest<Tensor>>> next() override {
     Strategy& s = strategy_.get("the distributed dataset of distribute_datasets_from_function");
-    s.require_cross_replica_or_default("get_next");
+    internal::Access::require_cross_replica_or_default(s, "get_next");
     std::vector<std::optional<Nest<Tensor>>> got;
     bool any = false;
     LocalFailure failure;
@@ -294,7 +295,8 @@ DistributedDataset::iterator& DistributedDataset::iterator::operator++() {
 
 DistributedDataset Strategy::experimental_distribute_dataset(BatchFn global_batches, std::int64_t global_batch_size) {
   if (!global_batches) throw InvalidArgumentError("experimental_distribute_dataset: no batch function");
-  return DistributedDataset(std::make_shared<RebatchSource>(*this, std::move(global_batches), global_batch_size));
+  return internal::Access::make_dataset(
+      std::make_shared<RebatchSource>(*this, std::move(global_batches), global_batch_size));
 }
 
 DistributedDataset Strategy::distribute_datasets_from_function(
@@ -319,7 +321,7 @@ DistributedDataset Strategy::distribute_datasets_from_function(
   // (Its own name: a worker making a dataset while another reads one is a
   // mismatch, not one call taken for the other.)
   failure.exchange(*this, "", "distribute_datasets_from_function (making the dataset)");
-  return DistributedDataset(std::make_shared<PipelineSource>(*this, std::move(batches)));
+  return internal::Access::make_dataset(std::make_shared<PipelineSource>(*this, std::move(batches)));
 }
 
 }  // namespace distribute

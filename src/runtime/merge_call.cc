@@ -32,6 +32,11 @@ namespace {
 constexpr const char* kMergeTypesField = "merge_fn and argument types";
 }  // namespace
 
+// Kept whole: round 1 hands replica 0 the other replicas' arguments on their
+// stacks, kept alive by their WaitForArgsTaken (acquire) until replica 0's
+// Taken says it copied them (release), and merge_fn's failure path (the
+// aborts, the agreed failure) must be read against both rounds' waits.
+// NOLINTNEXTLINE(readability-function-size): both rounds and the args' guards must be read together.
 std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes& types, const void* args,
                                                       const MergeBody& body) {
   internal::require_replica_context(*this, "merge_call");

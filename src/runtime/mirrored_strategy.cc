@@ -154,12 +154,12 @@ Strategy& default_strategy() {
 bool is_default_strategy(const Strategy& s) { return &s == &default_strategy(); }
 
 OneDeviceStrategy::OneDeviceStrategy(const std::string& device, CommunicationOptions options)
-    : Strategy({canonical_device_name(device)}, 1, 0, std::move(options)) {}
+    : Strategy({canonical_device_name(device)}, 1, 0, options) {}
 
 MirroredStrategy::MirroredStrategy() : MirroredStrategy(all_cpus()) {}
 
 MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options)
-    : Strategy(canonical_devices(devices), static_cast<int>(devices.size()), 0, std::move(options)) {}
+    : Strategy(canonical_devices(devices), static_cast<int>(devices.size()), 0, options) {}
 
 // ---- MultiWorkerMirroredStrategy -----------------------------------------------
 
@@ -176,6 +176,48 @@ struct ClusterSetup {
 };
 
 namespace {
+// What this worker brings to the meeting: "R<local replicas>", or
+// "E<code>:<message>" for the error its own creation raised.
+std::string meeting_payload(std::size_t local_replicas, const std::exception_ptr& local_error) {
+  if (local_error) {
+    try {
+      std::rethrow_exception(local_error);
+    } catch (const Error& e) {
+      return "E" + std::to_string(static_cast<int>(e.code())) + ":" + e.message();
+    } catch (...) {  // not one of ours (std::bad_alloc, ...): an internal error to the others
+      return "E" + std::to_string(static_cast<int>(ErrorCode::kInternal)) + ":" + describe_exception(local_error);
+    }
+  } else {
+    return "R" + std::to_string(local_replicas);
+  }
+}
+
+// Raises the first worker's error that `all` (every worker's payload, in
+// rank order) holds, or a mismatch if the workers run different numbers of
+// local replicas.
+void check_meeting_replies(const std::vector<std::string>& all) {
+  std::string list;
+  bool differ = false;
+  for (std::size_t w = 0; w < all.size(); ++w) {
+    const std::string& m = all[w];
+    if (!m.empty() && m[0] == 'E') {
+      // "E<code>:<message>"; the message may hold colons of its own.
+      const std::size_t colon = m.find(':');
+      int peer_code = static_cast<int>(ErrorCode::kInternal);
+      if (colon != std::string::npos) std::from_chars(m.data() + 1, m.data() + colon, peer_code);
+      throw_error(static_cast<ErrorCode>(peer_code),
+                  "MultiWorkerMirroredStrategy: worker " + std::to_string(w) +
+                      " could not create its strategy: " + (colon == std::string::npos ? m : m.substr(colon + 1)));
+    }
+    differ |= m != all[0];
+    list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + m.substr(1);
+  }
+  if (differ) {
+    throw InvalidArgumentError(
+        "MultiWorkerMirroredStrategy: every worker must run the same number of local replicas, but they run " + list);
+  }
+}
+
 // The workers meet once, when they create the strategy: each brings its
 // number of local replicas, or the error that its own creation raised (bad
 // devices, options or settings; no thread for a replica), so that one
@@ -185,18 +227,7 @@ namespace {
 // memory building the payload) leaves the meeting to the caller's handler.
 void meet_the_workers(Communicator& workers, std::size_t local_replicas, const CommunicationOptions& options,
                       const std::exception_ptr& local_error, bool& met) {
-  std::string payload;
-  if (local_error) {
-    try {
-      std::rethrow_exception(local_error);
-    } catch (const Error& e) {
-      payload = "E" + std::to_string(static_cast<int>(e.code())) + ":" + e.message();
-    } catch (...) {  // not one of ours (std::bad_alloc, ...): an internal error to the others
-      payload = "E" + std::to_string(static_cast<int>(ErrorCode::kInternal)) + ":" + describe_exception(local_error);
-    }
-  } else {
-    payload = "R" + std::to_string(local_replicas);
-  }
+  std::string payload = meeting_payload(local_replicas, local_error);
   constexpr std::string_view kMeeting = "MultiWorkerMirroredStrategy()";
   CollectiveCall call;
   call.op = kMeeting;
@@ -247,26 +278,7 @@ void meet_the_workers(Communicator& workers, std::size_t local_replicas, const C
     throw;
   }
   if (local_error) std::rethrow_exception(local_error);
-  std::string list;
-  bool differ = false;
-  for (std::size_t w = 0; w < all.size(); ++w) {
-    const std::string& m = all[w];
-    if (!m.empty() && m[0] == 'E') {
-      // "E<code>:<message>"; the message may hold colons of its own.
-      const std::size_t colon = m.find(':');
-      int peer_code = static_cast<int>(ErrorCode::kInternal);
-      if (colon != std::string::npos) std::from_chars(m.data() + 1, m.data() + colon, peer_code);
-      throw_error(static_cast<ErrorCode>(peer_code),
-                  "MultiWorkerMirroredStrategy: worker " + std::to_string(w) +
-                      " could not create its strategy: " + (colon == std::string::npos ? m : m.substr(colon + 1)));
-    }
-    differ |= m != all[0];
-    list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + m.substr(1);
-  }
-  if (differ) {
-    throw InvalidArgumentError(
-        "MultiWorkerMirroredStrategy: every worker must run the same number of local replicas, but they run " + list);
-  }
+  check_meeting_replies(all);
 }
 
 // `local_devices` gives this worker's devices (it may throw: a bad count).
@@ -296,7 +308,7 @@ ClusterSetup make_cluster_setup(const std::function<std::vector<std::string>()>&
   } catch (...) {
     setup.error = std::current_exception();
   }
-  setup.options = std::move(options);
+  setup.options = options;
   return setup;
 }
 
@@ -312,6 +324,7 @@ std::vector<std::string> numbered_cpus(int n) {
                                std::to_string(n));
   }
   std::vector<std::string> devices;
+  devices.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) devices.push_back("CPU:" + std::to_string(i));
   return devices;
 }
@@ -321,14 +334,13 @@ std::vector<std::string> numbered_cpus(int n) {
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const std::vector<std::string>& local_devices,
                                                          std::shared_ptr<Communicator> workers,
                                                          CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(internal::make_cluster_setup([&local_devices] { return local_devices; },
-                                                               std::move(workers), std::move(options))) {}
+    : MultiWorkerMirroredStrategy(
+          internal::make_cluster_setup([&local_devices] { return local_devices; }, std::move(workers), options)) {}
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std::shared_ptr<Communicator> workers,
                                                          CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(
-          internal::make_cluster_setup([local_replicas] { return internal::numbered_cpus(local_replicas); },
-                                       std::move(workers), std::move(options))) {}
+    : MultiWorkerMirroredStrategy(internal::make_cluster_setup(
+          [local_replicas] { return internal::numbered_cpus(local_replicas); }, std::move(workers), options)) {}
 
 // The workers meet once the strategy is made, or once its making failed (a
 // bad argument, found by make_cluster_setup; no thread for a replica): in

@@ -50,7 +50,7 @@ struct DefaultReplica {
   ReplicaGroup group = make_replica_group({.replicas = 1});  // one member copies nothing: it never streams
   ReplicaChannel channel;
   ReplicaContext context;
-  DefaultReplica() : context(default_strategy(), 0, 0, &channel) {
+  DefaultReplica() : context(Access::replica_context_key(), default_strategy(), 0, 0, &channel) {
     channel.comm = group.members[0].get();
     channel.local = group.rendezvous.get();
   }
@@ -111,7 +111,7 @@ void require_replica_context(const ReplicaContext& ctx, std::string_view api) {
   const ModeEntry mode = current_mode();
   if (mode.replica == &ctx) return;
   const std::string replica = "replica " + std::to_string(ctx.replica_id_in_sync_group());
-  const std::atomic<bool>* running = ctx.channel().running;
+  const std::atomic<bool>* running = internal::Access::channel(ctx).running;
   if (running != nullptr && !running->load(std::memory_order_acquire)) {
     throw FailedPreconditionError("ReplicaContext::" + std::string(api) + " was called on the context of " + replica +
                                   " of " + ctx.strategy().describe() +

@@ -12,7 +12,8 @@
 
 namespace distribute {
 
-ReplicaContext::ReplicaContext(Strategy& strategy, int replica_id, int local_id, internal::ReplicaChannel* channel)
+ReplicaContext::ReplicaContext(internal::ReplicaContextKey, Strategy& strategy, int replica_id, int local_id,
+                               internal::ReplicaChannel* channel)
     : strategy_(&strategy), replica_id_(replica_id), local_id_(local_id), channel_(channel) {}
 
 int ReplicaContext::num_replicas_in_sync() const { return strategy_->num_replicas_in_sync(); }

@@ -189,21 +189,22 @@ std::uint64_t Signature::tag(bool with_leaves) const {
   return h.finish(sequence, error_code.has_value());
 }
 
-void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule leaves_rule, int axis,
-                      const LeafNamer& leaf_name, std::string_view member, const std::vector<ShapeRule>* leaf_rules) {
-  const std::string members = std::string(member) + "s";
-  const Signature& s0 = sigs.front();
-  const std::string label = s0.op + " #" + std::to_string(s0.sequence);
-  const int n = static_cast<int>(sigs.size());
+namespace {
 
-  // 1. A replica found its own arguments invalid: everyone raises its error.
+// Step 1 of check_signatures: a member that found its own arguments invalid raises its error.
+void raise_own_errors(const std::vector<Signature>& sigs, int first, std::string_view member) {
+  const int n = static_cast<int>(sigs.size());
   for (int m = 0; m < n; ++m) {
     const Signature& s = sigs[static_cast<std::size_t>(m)];
     if (s.error_code)
       throw_error(*s.error_code, s.op + " #" + std::to_string(s.sequence) + " on " + std::string(member) + " " +
                                      std::to_string(first + m) + ": " + s.error);
   }
-  // 2. Different collectives, or the same one at different points of the program.
+}
+
+// Step 2: every member called the same collective at the same point of the program.
+void check_same_collective(const std::vector<Signature>& sigs, int first, std::string_view member,
+                           const std::string& members) {
   std::vector<std::string> ops;
   bool ops_differ = false;
   for (const auto& s : sigs) {
@@ -215,7 +216,12 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule l
                                   describe_values(ops, first, member) + "). Every " + std::string(member) +
                                   " must call the same collectives in the same order.");
   }
-  // 3. Arguments that must be equal.
+}
+
+// Step 3: the arguments that must be equal are.
+void check_equal_fields(const std::vector<Signature>& sigs, int first, std::string_view member,
+                        const std::string& members, const std::string& label) {
+  const Signature& s0 = sigs.front();
   for (std::size_t f = 0; f < s0.fields.size(); ++f) {
     std::vector<std::string> values;
     bool differ = false;
@@ -241,6 +247,22 @@ void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule l
       throw InvalidArgumentError(msg);
     }
   }
+}
+
+}  // namespace
+
+void check_signatures(const std::vector<Signature>& sigs, int first, ShapeRule leaves_rule, int axis,
+                      const LeafNamer& leaf_name, std::string_view member, const std::vector<ShapeRule>* leaf_rules) {
+  const std::string members = std::string(member) + "s";
+  const Signature& s0 = sigs.front();
+  const std::string label = s0.op + " #" + std::to_string(s0.sequence);
+
+  // 1. A replica found its own arguments invalid: everyone raises its error.
+  raise_own_errors(sigs, first, member);
+  // 2. Different collectives, or the same one at different points of the program.
+  check_same_collective(sigs, first, member, members);
+  // 3. Arguments that must be equal.
+  check_equal_fields(sigs, first, member, members, label);
   // 4. Leaves: how many (equal structures give equal counts, so this is a
   // last guard before each leaf is read), then dtype and shape, one by one.
   {

@@ -88,7 +88,7 @@ Strategy::Strategy(std::vector<std::string> devices, int num_replicas_in_sync, i
     : devices_(std::move(devices)),
       num_replicas_in_sync_(num_replicas_in_sync),
       first_replica_id_(first_replica_id),
-      options_(std::move(options)),
+      options_(options),
       extended_(*this) {
   // The mode stack of the making thread exists before the strategy does, so
   // that it is destroyed after a thread-local strategy, and before a static
@@ -129,7 +129,8 @@ Strategy::~Strategy() {
 
 void Strategy::count_scope(int delta) noexcept { state_->open_scopes.fetch_add(delta, std::memory_order_acq_rel); }
 
-internal::StrategyRef::StrategyRef(Strategy& s) : strategy_(&s), alive_(s.state_->alive), described_(s.describe()) {}
+internal::StrategyRef::StrategyRef(Strategy& s)
+    : strategy_(&s), alive_(Access::state(s).alive), described_(s.describe()) {}
 
 void internal::StrategyRef::throw_destroyed(std::string_view kind, std::string_view name) const {
   const std::string holder = name.empty() ? std::string(kind) : std::string(kind) + " '" + std::string(name) + "'";

@@ -124,6 +124,10 @@ void take_turn(std::unique_lock<std::mutex>& run_lock, std::string_view api, con
 }
 }  // namespace
 
+// Kept whole: the run's turn (run_lock), its scope and the Running flag span
+// every replica thread, and the errors replica_main records are chosen (the
+// abort's origin first) only once the last thread has ended.
+// NOLINTNEXTLINE(readability-function-size): the run's guards must visibly span its threads.
 void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, std::string_view api) {
   require_cross_replica_or_default(api);
   const int depth = internal::current_merge_depth(*this) + 1;
@@ -140,7 +144,8 @@ void Strategy::run_replicas(const std::function<void(ReplicaContext&)>& body, st
   if (contexts.empty()) {
     contexts.reserve(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) {
-      contexts.emplace_back(*this, first_replica_id_ + i, i, &res.channels[static_cast<std::size_t>(i)]);
+      contexts.emplace_back(internal::Access::replica_context_key(), *this, first_replica_id_ + i, i,
+                            &res.channels[static_cast<std::size_t>(i)]);
     }
   }
   struct Running {

@@ -1,6 +1,8 @@
 // The agreement among a multi-worker strategy's workers: the collectives among
 // them (worker_call), the signatures they check alike (agree_workers), and the
 // errors every worker raises alike.
+#include "runtime/worker_agreement.h"
+
 #include <exception>
 #include <mutex>
 #include <string>
@@ -89,22 +91,22 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
 }
 
 void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api, const Error* local_error) {
-  StrategyState& st = *s.state_;
+  StrategyState& st = Access::state(s);
   if (st.workers == nullptr || st.workers->size() == 1) return;  // (the caller raises its own error)
   Signature sig;
   sig.op = std::string(api);
   if (local_error != nullptr) sig.set_error(*local_error);
   sig.leaves.push_back({value.dtype(), value.shape().dims()});
   std::lock_guard<std::recursive_mutex> lock(st.worker_mutex);
-  agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0);
-  const CollectiveCall call = worker_call(st, s.options_, api);
+  agree_workers(st, Access::options(s), sig, ShapeRule::kEqual, 0);
+  const CollectiveCall call = worker_call(st, Access::options(s), api);
   st.workers->broadcast(value.mutable_raw_data(), static_cast<std::size_t>(value.num_elements()), value.dtype(),
                         /*root=*/0, call);
 }
 
 std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api,
                                                  const Error* local_error) {
-  StrategyState& st = *s.state_;
+  StrategyState& st = Access::state(s);
   if (local_error != nullptr && (st.workers == nullptr || st.workers->size() == 1)) {
     throw_error(local_error->code(), local_error->message());
   }
@@ -117,7 +119,7 @@ std::vector<std::string> exchange_across_workers(Strategy& s, std::string payloa
   sig.op = std::string(api);
   if (local_error != nullptr) sig.set_error(*local_error);
   std::vector<std::string> all;
-  agree_workers(st, s.options_, sig, ShapeRule::kEqual, 0, &payload, &all);
+  agree_workers(st, Access::options(s), sig, ShapeRule::kEqual, 0, &payload, &all);
   return all;
 }
 

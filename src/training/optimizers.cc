@@ -21,7 +21,7 @@ void check_pairs(const std::vector<GradientAndVariable>& grads_and_vars, const S
   if (grads_and_vars.empty()) throw InvalidArgumentError("No gradients provided for any variable.");
   for (std::size_t k = 0; k < grads_and_vars.size(); ++k) {
     const auto& [grad, var] = grads_and_vars[k];
-    var.check_strategy(strategy, "apply_gradients");
+    internal::Access::check_strategy(var, strategy, "apply_gradients");
     if (var.dtype() != DType::kFloat32 && var.dtype() != DType::kFloat64) {
       throw InvalidArgumentError("apply_gradients: variable '" + var.name() + "' has dtype " +
                                  std::string(to_string(var.dtype())) +
@@ -113,7 +113,7 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
     Variable var = grads_and_vars[k].second;
     slot_components.clear();
     for (const Variable& slot : plan->slots[k]) slot_components.push_back(slot.values()[i]);
-    apply_dense(var.mutable_component(i), summed[k], slot_components, plan->step);
+    apply_dense(internal::Access::mutable_component(var, i), summed[k], slot_components, plan->step);
   }
   if (timed) {
     auto seconds = [](Clock::time_point a, Clock::time_point b) {

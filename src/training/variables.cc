@@ -11,6 +11,7 @@
 #include "runtime/mode.h"
 #include "runtime/runtime_util.h"
 #include "runtime/strategy_ref.h"
+#include "runtime/worker_agreement.h"
 
 namespace distribute {
 
@@ -173,10 +174,10 @@ Tensor internal::value_apart_from(const Variable& var, const Tensor& value) {
 
 // ---- creation ---------------------------------------------------------------
 
-Variable::Variable(const Tensor& initial_value, VariableOptions options)
-    : Variable(initial_value, std::move(options), VariableSynchronization::kAuto) {}
+Variable::Variable(const Tensor& initial_value, const VariableOptions& options)
+    : Variable(initial_value, options, VariableSynchronization::kAuto) {}
 
-Variable::Variable(const Tensor& initial_value, VariableOptions options, VariableSynchronization required) {
+Variable::Variable(const Tensor& initial_value, const VariableOptions& options, VariableSynchronization required) {
   auto st = std::make_shared<internal::VariableState>();
   st->name = options.name.empty() ? "Variable" : options.name;
   const internal::ModeEntry mode = internal::current_mode();
@@ -245,11 +246,11 @@ Variable::Variable(const Tensor& initial_value, VariableOptions options, Variabl
   state_ = std::move(st);
 }
 
-MirroredVariable::MirroredVariable(const Tensor& initial_value, VariableOptions options)
-    : Variable(initial_value, std::move(options), VariableSynchronization::kOnWrite) {}
+MirroredVariable::MirroredVariable(const Tensor& initial_value, const VariableOptions& options)
+    : Variable(initial_value, options, VariableSynchronization::kOnWrite) {}
 
-SyncOnReadVariable::SyncOnReadVariable(const Tensor& initial_value, VariableOptions options)
-    : Variable(initial_value, std::move(options), VariableSynchronization::kOnRead) {}
+SyncOnReadVariable::SyncOnReadVariable(const Tensor& initial_value, const VariableOptions& options)
+    : Variable(initial_value, options, VariableSynchronization::kOnRead) {}
 
 // ---- accessors ----------------------------------------------------------------
 

@@ -113,7 +113,7 @@ TEST(AllReduceTest, StreamingAsSetWhenTheStrategyWasMade) {
   env.set("0");
   auto r = s->run([&](ReplicaContext& ctx) -> std::vector<Tensor> {
     const int id = ctx.replica_id_in_sync_group();
-    const auto* comm = dynamic_cast<const internal::SharedMemoryCommunicator*>(ctx.channel().comm);
+    const auto* comm = dynamic_cast<const internal::SharedMemoryCommunicator*>(internal::Access::channel(ctx).comm);
     if (comm == nullptr || !comm->streams(2000)) throw std::runtime_error("this all_reduce would not stream");
     std::vector<Tensor> out = {ctx.all_reduce(ReduceOp::kSum, input(DType::kFloat32, id, 5003))};
     for (const Tensor& t : ctx.all_reduce(
@@ -330,7 +330,7 @@ TEST(AllReduceTest, OneCollectivePerPack) {
       auto out = ctx.all_reduce(ReduceOp::kMean, grads, {.bytes_per_pack = b});
       for (int k = 0; k < 200; ++k) EXPECT_EQ(out[static_cast<std::size_t>(k)], fill(DType::kFloat32, Shape{1024}, k));
       EXPECT_EQ(out[200], constant({1, 2}));
-      return ctx.channel().data_calls;
+      return internal::Access::channel(ctx).data_calls;
     });
     EXPECT_EQ(r[0], want_calls) << "bytes_per_pack " << bytes_per_pack;
   }
@@ -431,7 +431,7 @@ TEST(AllReduceTest, NestsOfIndexedSlicesAndTensorsReduceEachLeafAsAlone) {
         // Dense leaves only: the Nest<Tensor> collective.
         const Mixed dense_only = ctx.all_reduce(op, Mixed::list({dense, count}));
         EXPECT_EQ(std::get<Tensor>(dense_only[1].leaf()), want_count);
-        return ctx.channel().sequence;
+        return internal::Access::channel(ctx).sequence;
       });
       EXPECT_EQ(r[0], 7u) << "one collective per call";
     }

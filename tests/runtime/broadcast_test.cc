@@ -84,9 +84,9 @@ TEST(BroadcastTest, NestsArePackedPerDtypeAndKeepTheirStructure) {
   for (auto [bytes_per_pack, want_calls] : std::vector<std::pair<std::int64_t, std::uint64_t>>{{0, 2}, {1, 3}}) {
     SCOPED_TRACE("bytes_per_pack " + std::to_string(bytes_per_pack));
     auto r = s->run([&, b = bytes_per_pack](ReplicaContext& ctx) {
-      const std::uint64_t before = ctx.channel().data_calls;
+      const std::uint64_t before = internal::Access::channel(ctx).data_calls;
       Nest<Tensor> got = ctx.broadcast(value(ctx.replica_id_in_sync_group()), 2, {.bytes_per_pack = b});
-      EXPECT_EQ(ctx.channel().data_calls - before, want_calls);
+      EXPECT_EQ(internal::Access::channel(ctx).data_calls - before, want_calls);
       return got;
     });
     const Nest<Tensor> want = value(2);

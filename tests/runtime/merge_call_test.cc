@@ -454,7 +454,7 @@ TEST(MergeCallTest, AnAbortWhileArgumentsAreCopiedUnwindsNoArgumentBeingCopied) 
     };
     std::atomic<int> merge_fns{0};
     EXPECT_THROW(s->run([&](ReplicaContext& ctx) {
-      if (ctx.local_replica_id() == 0) group = ctx.channel().local;
+      if (ctx.local_replica_id() == 0) group = internal::Access::channel(ctx).local;
       const ArgumentProbe mine(ctx.replica_id_in_sync_group());
       return ctx.merge_call(
           [&](Strategy&, const PerReplica<ArgumentProbe>& all) {

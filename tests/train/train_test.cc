@@ -90,7 +90,7 @@ TEST(MlpTest, GradientsMatchFiniteDifferences) {
   for (std::size_t k = 0; k < mlp->variables().size(); ++k) {
     Variable v = mlp->variables()[k];
     for (std::int64_t i = 0; i < v.shape().num_elements(); i += 3) {
-      float& w = v.mutable_component(0).mutable_flat<float>()[static_cast<std::size_t>(i)];
+      float& w = internal::Access::mutable_component(v, 0).mutable_flat<float>()[static_cast<std::size_t>(i)];
       const float saved = w;
       const float h = 1e-2f;
       w = saved + h;

@@ -71,6 +71,7 @@ std::vector<double> run_tensor(const Options& o, MirroredStrategy& strategy, std
 
 int run_batch(const Options& o) {
   std::vector<std::string> devices;
+  devices.reserve(static_cast<std::size_t>(o.replicas));
   for (int r = 0; r < o.replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
   MirroredStrategy strategy(devices);
   const std::size_t count = std::max<std::size_t>(1, o.min_bytes / size_of(o.dtype));
@@ -79,6 +80,7 @@ int run_batch(const Options& o) {
   strategy.run([&](ReplicaContext& ctx) {
     const int r = ctx.replica_id_in_sync_group();
     std::vector<Tensor> grads;
+    grads.reserve(static_cast<std::size_t>(o.batch));
     for (int k = 0; k < o.batch; ++k) grads.push_back(make_input(o.dtype, r, count));
     // Each way in its own loop, so each is measured in its steady state.
     // Each way drops its last results first, as a training step drops its

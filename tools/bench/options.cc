@@ -88,9 +88,8 @@ DType parse_dtype(const std::string& name) {
   usage("unknown dtype '" + name + "'");
 }
 
-}  // namespace
-
-Options parse(int argc, char** argv) {
+// The flags as given, each parsed and range-checked on its own.
+Options parse_flags(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -139,6 +138,11 @@ Options parse(int argc, char** argv) {
     else
       usage("unknown flag '" + a + "'");
   }
+  return o;
+}
+
+// Flags that do not go together.
+void check_combinations(const Options& o) {
   if (o.op != "all_reduce" && o.op != "all_gather" && o.op != "broadcast" && o.op != "reduce_scatter") {
     usage("unknown --op '" + o.op + "'");
   }
@@ -154,10 +158,11 @@ Options parse(int argc, char** argv) {
   if (o.in_place && (o.op != "broadcast" || o.shared_output || o.api == "tensor")) {
     usage("--in-place is for the engine's --op broadcast into its own buffers (--api raw or both, no --shared-output)");
   }
-  flag_value([&] {
-    tools::check_writable("--csv", o.csv);  // before the sweep, not after it
-    return 0;
-  });
+}
+
+// The sweep's sizes: -f, -b against -e, the largest message against this machine's memory, and
+// the number of sizes.
+void check_sizes(const Options& o) {
   if (o.factor <= 1) usage("-f must be > 1, got " + std::to_string(o.factor));
   if (o.min_bytes > o.max_bytes) {
     usage("-b (" + tools::grouped(static_cast<std::int64_t>(o.min_bytes)) + " bytes) must be <= -e (" +
@@ -180,6 +185,18 @@ Options parse(int argc, char** argv) {
           " to -e " + tools::grouped(static_cast<std::int64_t>(o.max_bytes)) + " bytes makes more than " +
           std::to_string(kMaxSizes) + " message sizes; use a larger -f");
   }
+}
+
+}  // namespace
+
+Options parse(int argc, char** argv) {
+  Options o = parse_flags(argc, argv);
+  check_combinations(o);
+  flag_value([&] {
+    tools::check_writable("--csv", o.csv);  // before the sweep, not after it
+    return 0;
+  });
+  check_sizes(o);
   return o;
 }
 

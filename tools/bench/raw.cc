@@ -83,6 +83,7 @@ std::vector<double> run_raw(const Options& o, std::size_t count, std::vector<Ten
   times.reserve(static_cast<std::size_t>(o.iters));
   std::vector<std::thread> threads;
   results.assign(static_cast<std::size_t>(n), Tensor());
+  threads.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       RawOp raw(o, group, r, count);

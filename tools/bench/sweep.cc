@@ -54,6 +54,7 @@ double memcpy_reference(int replicas, std::size_t bytes, int iters) {
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
     double t0_us = 0, t1_us = 0;
+    threads.reserve(static_cast<std::size_t>(replicas));
     for (int r = 0; r < replicas; ++r) {
       threads.emplace_back([&, r] {
         ++ready;
@@ -76,21 +77,9 @@ double memcpy_reference(int replicas, std::size_t bytes, int iters) {
   return static_cast<double>(bytes) / (times[times.size() / 2] * 1e3);
 }
 
-}  // namespace
-
-int run_benchmark(const Options& o) {
-#ifdef DISTRIBUTE_HAVE_MPI
-  if (mpi::started_by_launcher()) return run_multi_worker(o);
-#endif
-  if (o.batch > 0) return run_batch(o);
-  const std::size_t esz = size_of(o.dtype);
-  std::unique_ptr<MirroredStrategy> strategy;
+// The comment lines above the table: the run, what each side measures, and the columns.
+void print_header(const Options& o) {
   const bool both = o.api == "both";
-  if (o.api != "raw") {
-    std::vector<std::string> devices;
-    for (int r = 0; r < o.replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
-    strategy = std::make_unique<MirroredStrategy>(devices);
-  }
   std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
               std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
               o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
@@ -126,6 +115,38 @@ int run_benchmark(const Options& o) {
                 "median(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "faults/op", "memcpy(GB/s)",
                 "bus/memcpy");
   }
+}
+
+// The rows as CSV, into --csv's file.
+void write_csv(const Options& o, const std::vector<Row>& rows) {
+  std::ostringstream csv;
+  csv << "op,replicas,api,dtype,redop,bytes,count,median_us,min_us,algbw_gbs,busbw_gbs,wrong,faults_per_op,"
+         "memcpy_gbs,raw_median_us\n";
+  for (const Row& r : rows) {
+    csv << o.op << ',' << o.replicas << ',' << o.api << ',' << to_string(o.dtype) << ',' << to_string(o.redop) << ','
+        << r.bytes << ',' << r.count << ',' << r.median_us << ',' << r.min_us << ',' << r.algbw << ',' << r.busbw << ','
+        << r.wrong << ',' << r.faults_per_op << ',' << r.memcpy_bw << ',' << r.raw_median_us << '\n';
+  }
+  tools::write_file("CSV file", o.csv, csv.str());  // an error (a full disk) reaches main: exit 2
+}
+
+}  // namespace
+
+int run_benchmark(const Options& o) {
+#ifdef DISTRIBUTE_HAVE_MPI
+  if (mpi::started_by_launcher()) return run_multi_worker(o);
+#endif
+  if (o.batch > 0) return run_batch(o);
+  const std::size_t esz = size_of(o.dtype);
+  std::unique_ptr<MirroredStrategy> strategy;
+  const bool both = o.api == "both";
+  if (o.api != "raw") {
+    std::vector<std::string> devices;
+    devices.reserve(static_cast<std::size_t>(o.replicas));
+    for (int r = 0; r < o.replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
+    strategy = std::make_unique<MirroredStrategy>(devices);
+  }
+  print_header(o);
   std::vector<Row> rows;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes = next_size(bytes, o.factor)) {
     std::size_t count = std::max<std::size_t>(1, bytes / esz);
@@ -173,17 +194,7 @@ int run_benchmark(const Options& o) {
     std::fflush(stdout);
     rows.push_back(row);
   }
-  if (!o.csv.empty()) {
-    std::ostringstream csv;
-    csv << "op,replicas,api,dtype,redop,bytes,count,median_us,min_us,algbw_gbs,busbw_gbs,wrong,faults_per_op,"
-           "memcpy_gbs,raw_median_us\n";
-    for (const Row& r : rows) {
-      csv << o.op << ',' << o.replicas << ',' << o.api << ',' << to_string(o.dtype) << ',' << to_string(o.redop) << ','
-          << r.bytes << ',' << r.count << ',' << r.median_us << ',' << r.min_us << ',' << r.algbw << ',' << r.busbw
-          << ',' << r.wrong << ',' << r.faults_per_op << ',' << r.memcpy_bw << ',' << r.raw_median_us << '\n';
-    }
-    tools::write_file("CSV file", o.csv, csv.str());  // an error (a full disk) reaches main: exit 2
-  }
+  if (!o.csv.empty()) write_csv(o, rows);
   std::size_t total_wrong = 0;
   for (const Row& r : rows) total_wrong += r.wrong;
   return total_wrong == 0 ? 0 : 1;

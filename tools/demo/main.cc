@@ -43,95 +43,111 @@ std::ostream* out = &std::cout;
 
 void section(const std::string& title) { *out << "\n== " << title << " ==\n"; }
 
-void run_examples(Strategy& strategy) {
+// The page's examples, one function per method it shows, in the page's order.
+void replica_id_example(Strategy& strategy) {
   std::ostream& cout = *out;
-  {
-    section("ReplicaContext: replica_id_in_sync_group");
-    auto func = [] {
-      auto* replica_context = get_replica_context();
-      return constant(replica_context->replica_id_in_sync_group());
-    };
-    cout << strategy.run(func) << "\n";
+  section("ReplicaContext: replica_id_in_sync_group");
+  auto func = [] {
+    auto* replica_context = get_replica_context();
+    return constant(replica_context->replica_id_in_sync_group());
+  };
+  cout << strategy.run(func) << "\n";
+}
 
-    section("all_gather: one tensor");
-    auto gather_value = [] {
-      auto* ctx = get_replica_context();
-      auto local_value = constant({1, 2, 3});
-      return ctx->all_gather(local_value, /*axis=*/0);
-    };
-    auto result = strategy.run(gather_value);
-    cout << result << "\n";
-    cout << repr_tuple(strategy.experimental_local_results(result)) << "\n";
+void all_gather_examples(Strategy& strategy) {
+  std::ostream& cout = *out;
+  section("all_gather: one tensor");
+  auto gather_value = [] {
+    auto* ctx = get_replica_context();
+    auto local_value = constant({1, 2, 3});
+    return ctx->all_gather(local_value, /*axis=*/0);
+  };
+  auto result = strategy.run(gather_value);
+  cout << result << "\n";
+  cout << repr_tuple(strategy.experimental_local_results(result)) << "\n";
 
-    section("all_gather: a nested structure (list) of tensors");
-    auto gather_nest = [] {
-      auto* ctx = get_replica_context();
-      auto value_1 = constant({1, 2, 3});
-      auto value_2 = constant({{1, 2}, {3, 4}});
-      // all_gather a nest of tensors
-      return ctx->all_gather({value_1, value_2}, /*axis=*/0);
-    };
-    auto nest_result = strategy.run(gather_nest);
-    for (const auto& local : strategy.experimental_local_results(nest_result)) {
-      cout << repr(local) << "\n";
-    }
-
-    section("all_gather: different shapes on different replicas (ragged, nested dict)");
-    using N = Nest<Tensor>;
-    // Replica 0: {'a': [0], 'b': [[0, 1]]}, replica 1: {'a': [1], 'b': [[2, 3], [4, 5]]}, and so on.
-    std::vector<N> values;
-    for (int i = 0; i < strategy.num_local_replicas(); ++i) {
-      const int g = strategy.first_replica_id() + i;
-      values.push_back(N::dict({{"a", constant({g})}, {"b", iota(DType::kInt32, Shape{g + 1, 2}, g * (g + 1))}}));
-    }
-    PerReplica<N> per_replica_value(std::move(values));
-    auto gather_ragged = [](ReplicaContext& ctx, const N& value) { return ctx.all_gather(value, /*axis=*/0); };
-    auto ragged = strategy.run(gather_ragged, per_replica_value);
-    for (std::size_t r = 0; r < ragged.size(); ++r) {
-      cout << "replica " << strategy.first_replica_id() + static_cast<int>(r) << ": value "
-           << values_of(per_replica_value[r]) << " -> all_gather " << values_of(ragged[r]) << "\n";
-    }
-
-    section("all_reduce: SUM of a scalar");
-    auto step_fn = [] {
-      auto* ctx = get_replica_context();
-      auto value = constant(1.f);
-      return ctx->all_reduce(ReduceOp::kSum, value);
-    };
-    cout << repr_tuple(strategy.experimental_local_results(strategy.run(step_fn))) << "\n";
-
-    section("all_reduce: a list of values (batched)");
-    auto step_fn_list = [] {
-      auto* ctx = get_replica_context();
-      auto value1 = constant(1.f);
-      auto value2 = constant(2.f);
-      return ctx->all_reduce(ReduceOp::kSum, {value1, value2});
-    };
-    std::string line = "(";
-    for (const auto& local : strategy.experimental_local_results(strategy.run(step_fn_list))) {
-      line += (line.size() > 1 ? ", " : "") + values_of(N::list({local[0], local[1]}));
-    }
-    cout << line << ")   # float32 scalars, one list per replica\n";
-
-    section("merge_call: merge_fn runs once, in the cross-replica context");
-    auto merge_step = [] {
-      auto* ctx = get_replica_context();
-      auto value = constant(static_cast<float>(ctx->replica_id_in_sync_group() + 1));
-      return ctx->merge_call(
-          [](Strategy& s, const PerReplica<Tensor>& v) {
-            *out << "merge_fn sees " << v << "\n";
-            return s.extended().reduce_to(ReduceOp::kSum, v, v);  // an all-reduce: destinations = the value
-          },
-          value);
-    };
-    cout << strategy.run(merge_step) << "\n";
-
-    section("merge_call outside a distributed context");
-    auto outside = get_replica_context()->merge_call(
-        [](Strategy& s, const PerReplica<Tensor>& v) { return std::string(s.name()) + ": " + v[0].to_list_string(); },
-        constant(7));
-    cout << outside << "\n";
+  section("all_gather: a nested structure (list) of tensors");
+  auto gather_nest = [] {
+    auto* ctx = get_replica_context();
+    auto value_1 = constant({1, 2, 3});
+    auto value_2 = constant({{1, 2}, {3, 4}});
+    // all_gather a nest of tensors
+    return ctx->all_gather({value_1, value_2}, /*axis=*/0);
+  };
+  auto nest_result = strategy.run(gather_nest);
+  for (const auto& local : strategy.experimental_local_results(nest_result)) {
+    cout << repr(local) << "\n";
   }
+
+  section("all_gather: different shapes on different replicas (ragged, nested dict)");
+  using N = Nest<Tensor>;
+  // Replica 0: {'a': [0], 'b': [[0, 1]]}, replica 1: {'a': [1], 'b': [[2, 3], [4, 5]]}, and so on.
+  std::vector<N> values;
+  for (int i = 0; i < strategy.num_local_replicas(); ++i) {
+    const int g = strategy.first_replica_id() + i;
+    values.push_back(N::dict({{"a", constant({g})}, {"b", iota(DType::kInt32, Shape{g + 1, 2}, g * (g + 1))}}));
+  }
+  PerReplica<N> per_replica_value(std::move(values));
+  auto gather_ragged = [](ReplicaContext& ctx, const N& value) { return ctx.all_gather(value, /*axis=*/0); };
+  auto ragged = strategy.run(gather_ragged, per_replica_value);
+  for (std::size_t r = 0; r < ragged.size(); ++r) {
+    cout << "replica " << strategy.first_replica_id() + static_cast<int>(r) << ": value "
+         << values_of(per_replica_value[r]) << " -> all_gather " << values_of(ragged[r]) << "\n";
+  }
+}
+
+void all_reduce_examples(Strategy& strategy) {
+  std::ostream& cout = *out;
+  section("all_reduce: SUM of a scalar");
+  auto step_fn = [] {
+    auto* ctx = get_replica_context();
+    auto value = constant(1.f);
+    return ctx->all_reduce(ReduceOp::kSum, value);
+  };
+  cout << repr_tuple(strategy.experimental_local_results(strategy.run(step_fn))) << "\n";
+
+  section("all_reduce: a list of values (batched)");
+  using N = Nest<Tensor>;
+  auto step_fn_list = [] {
+    auto* ctx = get_replica_context();
+    auto value1 = constant(1.f);
+    auto value2 = constant(2.f);
+    return ctx->all_reduce(ReduceOp::kSum, {value1, value2});
+  };
+  std::string line = "(";
+  for (const auto& local : strategy.experimental_local_results(strategy.run(step_fn_list))) {
+    line += (line.size() > 1 ? ", " : "") + values_of(N::list({local[0], local[1]}));
+  }
+  cout << line << ")   # float32 scalars, one list per replica\n";
+}
+
+void merge_call_examples(Strategy& strategy) {
+  std::ostream& cout = *out;
+  section("merge_call: merge_fn runs once, in the cross-replica context");
+  auto merge_step = [] {
+    auto* ctx = get_replica_context();
+    auto value = constant(static_cast<float>(ctx->replica_id_in_sync_group() + 1));
+    return ctx->merge_call(
+        [](Strategy& s, const PerReplica<Tensor>& v) {
+          *out << "merge_fn sees " << v << "\n";
+          return s.extended().reduce_to(ReduceOp::kSum, v, v);  // an all-reduce: destinations = the value
+        },
+        value);
+  };
+  cout << strategy.run(merge_step) << "\n";
+
+  section("merge_call outside a distributed context");
+  auto outside = get_replica_context()->merge_call(
+      [](Strategy& s, const PerReplica<Tensor>& v) { return std::string(s.name()) + ": " + v[0].to_list_string(); },
+      constant(7));
+  cout << outside << "\n";
+}
+
+void run_examples(Strategy& strategy) {
+  replica_id_example(strategy);
+  all_gather_examples(strategy);
+  all_reduce_examples(strategy);
+  merge_call_examples(strategy);
 }
 
 }  // namespace

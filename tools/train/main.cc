@@ -267,6 +267,62 @@ void write_plot(const std::string& path, const Strategy& s, const std::vector<Ep
   write_file("plot file", path, out.str());
 }
 
+// --strategy mirrored or multi_worker (`workers`: the workers' link, if any).
+std::unique_ptr<Strategy> make_replicated_strategy(const Args& a, int cores,
+                                                   [[maybe_unused]] std::shared_ptr<Communicator>& workers) {
+  // A replica is a thread: too many of them run out of threads or memory.
+  int local = 0;
+  try {
+    if (a.strategy == "mirrored") {
+      local = a.replicas > 0 ? a.replicas : cores;
+      std::vector<std::string> devices;
+      devices.reserve(static_cast<std::size_t>(local));
+      for (int i = 0; i < local; ++i) devices.push_back("CPU:" + std::to_string(i));
+      return std::make_unique<MirroredStrategy>(devices);
+    } else {
+#ifdef DISTRIBUTE_HAVE_MPI
+      workers = mpi::cluster_from_launcher();  // nullptr without a launcher: one worker
+      local = a.replicas > 0 ? a.replicas : std::max(1, cores / (workers ? workers->size() : 1));
+      return std::make_unique<MultiWorkerMirroredStrategy>(local, workers);
+#else
+      throw UsageError("--strategy multi_worker needs a build with MPI");
+#endif
+    }
+  } catch (const std::system_error& e) {
+    throw ResourceExhaustedError("could not start the threads of " + tools::grouped(local) + " replicas (" + e.what() +
+                                 "): the system had no thread to give (its limit on threads, ulimit -u and "
+                                 "/proc/sys/kernel/threads-max, or memory for their stacks, ulimit -v); use fewer "
+                                 "--replicas");
+  } catch (const std::bad_alloc&) {
+    throw ResourceExhaustedError("out of memory making a strategy of " + tools::grouped(local) +
+                                 " replicas; use fewer --replicas");
+  }
+}
+
+// What every worker must share: the same batches from the same data.
+void agree_on_training(Strategy& s, const Args& a, const FashionMnist& data) {
+  tools::agree_on_flags(s, {{"--global-batch", std::to_string(a.config.global_batch)},
+                            {"--epochs", std::to_string(a.epochs)},
+                            {"--steps-per-epoch", std::to_string(a.steps_per_epoch)},
+                            {"--optimizer", a.config.optimizer},
+                            {"--learning-rate", fixed(a.config.learning_rate, 9)},
+                            {"--seed", std::to_string(a.config.seed)},
+                            {"training data (images, CRC-32)", data_digest(data.train)},
+                            {"test data (images, CRC-32)", data_digest(data.test)}});
+}
+
+// The chief's lines for one epoch: its figures, and where replica 0's step time went.
+void print_epoch(const Args& a, int epoch, const EpochStats& train, const EvalStats& test) {
+  std::cout << "epoch " << epoch << "/" << a.epochs << ": train loss " << fixed(train.train_loss, 4) << ", test loss "
+            << fixed(test.loss, 4) << ", test accuracy " << fixed(test.accuracy, 4) << ", "
+            << grouped(static_cast<double>(train.rows) / train.seconds) << " samples/s (" << fixed(train.seconds, 2)
+            << " s, " << train.steps << " steps)\n";
+  const double step = std::max(train.replica_step_seconds, 1e-9);
+  std::cout << "  replica 0's step time: merge_call " << fixed(100 * train.optimizer.merge_call_seconds / step, 1)
+            << "%, all_reduce " << fixed(100 * train.optimizer.all_reduce_seconds / step, 1) << "%, update "
+            << fixed(100 * train.optimizer.update_seconds / step, 1) << "%\n";
+}
+
 int run(const Args& a) {
   set_blas_threads(a.blas_threads);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -278,33 +334,7 @@ int run(const Args& a) {
   } else if (a.strategy == "one_device") {
     owned = std::make_unique<OneDeviceStrategy>("CPU:0");
   } else {
-    // A replica is a thread: too many of them run out of threads or memory.
-    int local = 0;
-    try {
-      if (a.strategy == "mirrored") {
-        local = a.replicas > 0 ? a.replicas : cores;
-        std::vector<std::string> devices;
-        for (int i = 0; i < local; ++i) devices.push_back("CPU:" + std::to_string(i));
-        owned = std::make_unique<MirroredStrategy>(devices);
-      } else {
-#ifdef DISTRIBUTE_HAVE_MPI
-        workers = mpi::cluster_from_launcher();  // nullptr without a launcher: one worker
-        local = a.replicas > 0 ? a.replicas : std::max(1, cores / (workers ? workers->size() : 1));
-        owned = std::make_unique<MultiWorkerMirroredStrategy>(local, workers);
-#else
-        throw UsageError("--strategy multi_worker needs a build with MPI");
-#endif
-      }
-    } catch (const std::system_error& e) {
-      throw ResourceExhaustedError("could not start the threads of " + tools::grouped(local) + " replicas (" +
-                                   e.what() +
-                                   "): the system had no thread to give (its limit on threads, ulimit -u and "
-                                   "/proc/sys/kernel/threads-max, or memory for their stacks, ulimit -v); use fewer "
-                                   "--replicas");
-    } catch (const std::bad_alloc&) {
-      throw ResourceExhaustedError("out of memory making a strategy of " + tools::grouped(local) +
-                                   " replicas; use fewer --replicas");
-    }
+    owned = make_replicated_strategy(a, cores, workers);
   }
   if (owned) s = owned.get();
   const bool chief = s->first_replica_id() == 0;
@@ -318,15 +348,7 @@ int run(const Args& a) {
                                tools::grouped(data.train.size()) +
                                " training images: an epoch would not hold one batch");
   }
-  // What every worker must share: the same batches from the same data.
-  tools::agree_on_flags(*s, {{"--global-batch", std::to_string(a.config.global_batch)},
-                             {"--epochs", std::to_string(a.epochs)},
-                             {"--steps-per-epoch", std::to_string(a.steps_per_epoch)},
-                             {"--optimizer", a.config.optimizer},
-                             {"--learning-rate", fixed(a.config.learning_rate, 9)},
-                             {"--seed", std::to_string(a.config.seed)},
-                             {"training data (images, CRC-32)", data_digest(data.train)},
-                             {"test data (images, CRC-32)", data_digest(data.test)}});
+  agree_on_training(*s, a, data);
   Trainer trainer(*s, a.config);
   if (chief) {
     std::cout << "distribute-train: " << s->describe() << ", " << a.config.optimizer << ", global batch "
@@ -351,16 +373,7 @@ int run(const Args& a) {
     if (bar) std::fprintf(stderr, "\r%*s\r", 100, "");
     EvalStats test = trainer.evaluate(data.test);
     records.push_back({epoch, train, test});
-    if (chief) {
-      std::cout << "epoch " << epoch << "/" << a.epochs << ": train loss " << fixed(train.train_loss, 4)
-                << ", test loss " << fixed(test.loss, 4) << ", test accuracy " << fixed(test.accuracy, 4) << ", "
-                << grouped(static_cast<double>(train.rows) / train.seconds) << " samples/s (" << fixed(train.seconds, 2)
-                << " s, " << train.steps << " steps)\n";
-      const double step = std::max(train.replica_step_seconds, 1e-9);
-      std::cout << "  replica 0's step time: merge_call " << fixed(100 * train.optimizer.merge_call_seconds / step, 1)
-                << "%, all_reduce " << fixed(100 * train.optimizer.all_reduce_seconds / step, 1) << "%, update "
-                << fixed(100 * train.optimizer.update_seconds / step, 1) << "%\n";
-    }
+    if (chief) print_epoch(a, epoch, train, test);
   }
   const int diverged = diverged_at(records);
   if (chief) {

@@ -34,7 +34,8 @@ std::vector<std::int64_t> shuffled(std::int64_t n, std::uint64_t seed) {
   return order;
 }
 
-BatchFn index_batches(std::vector<std::int64_t> order, std::int64_t batch, std::shared_ptr<std::int64_t> last_rows) {
+BatchFn index_batches(std::vector<std::int64_t> order, std::int64_t batch,
+                      const std::shared_ptr<std::int64_t>& last_rows) {
   auto next = std::make_shared<std::size_t>(0);
   auto shared_order = std::make_shared<const std::vector<std::int64_t>>(std::move(order));
   return [shared_order, batch, next, last_rows]() -> std::optional<Nest<Tensor>> {

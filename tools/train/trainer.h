@@ -82,7 +82,7 @@ class Trainer {
 // parallel), so the batches carry indices, not pixels. `last_rows`, if
 // given, receives each batch's size.
 BatchFn index_batches(std::vector<std::int64_t> order, std::int64_t batch,
-                      std::shared_ptr<std::int64_t> last_rows = nullptr);
+                      const std::shared_ptr<std::int64_t>& last_rows = nullptr);
 // A permutation of [0, n) from `seed`, the same on every platform.
 std::vector<std::int64_t> shuffled(std::int64_t n, std::uint64_t seed);
 

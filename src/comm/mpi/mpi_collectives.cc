@@ -72,6 +72,7 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
   }
   if (all_inline) {
     std::vector<std::string> out;
+    out.reserve(headers.size());
     for (const Received& h : headers) out.emplace_back(reinterpret_cast<const char*>(h.data), h.inline_bytes);
     return out;
   }
@@ -90,6 +91,11 @@ std::vector<std::string> MpiCommunicator::exchange(std::string payload, const Co
   return out;
 }
 
+// Kept whole: one Token for a cascade of paths by size (node shared memory,
+// inline in the header round, one rank, gather, scatter then gather), each of
+// which must compare the call's tags exactly once: `agreed` carries the
+// shared-memory agreement to MPI's paths below.
+// NOLINTNEXTLINE(readability-function-size): each path compares the tags once, tracked by `agreed`.
 void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                  const CollectiveCall& call, std::int64_t mean_divisor) {
   Token token(*this);

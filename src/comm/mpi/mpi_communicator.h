@@ -165,7 +165,7 @@ class MpiCommunicator final : public Communicator {
   // multi-worker): 32 KiB blocks took 8.3 to 9.5 us posted, 9.9 to 26.9
   // inside the header round (OpenMPI sends a two-part datatype that large
   // through its own buffers).
-  static constexpr std::size_t kPostedGatherBytes = 16 * 1024;
+  static constexpr std::size_t kPostedGatherBytes = std::size_t{16} << 10;
   static_assert(kPostedGatherBytes <= kInlineBytes);
   // On one host, all-gathers whose largest block is at most this many bytes
   // move every block through the shared buffers in one step (a copy in, a
@@ -176,7 +176,7 @@ class MpiCommunicator final : public Communicator {
   // three runs, when the host was in a state that slows memory shared
   // between processes; with 32 KiB blocks, 6.9-8.4 us against 7.7 (25 in
   // that run).
-  static constexpr std::size_t kSharedGatherBytes = 8 * 1024;
+  static constexpr std::size_t kSharedGatherBytes = std::size_t{8} << 10;
   static_assert(kSharedGatherBytes <= NodeSharedMemory::kChunkBytes);
 
  private:

@@ -60,6 +60,46 @@ struct Invitation {
   std::uint64_t nonce = 0;
 };
 
+// Rank 0's part of create(): makes the object and maps it, with `bytes`
+// reserved and `invitation`'s nonce written into it; MAP_FAILED, with
+// `invitation`'s name empty, if it cannot. No exception leaves it.
+void* make_object(Invitation& invitation, std::size_t bytes) {
+  void* mapping = MAP_FAILED;
+  try {
+    // A name of its own (a leftover of a killed job may hold one: another
+    // try), with the space reserved now: tmpfs grants pages only when they
+    // are first written, and a full /dev/shm would then kill the process
+    // with SIGBUS instead of failing here.
+    static std::atomic<unsigned> made{0};
+    std::random_device random;
+    invitation.nonce = (std::uint64_t{random()} << 32) ^ random() ^ static_cast<std::uint64_t>(getpid());
+    for (int attempt = 0; attempt < 8 && mapping == MAP_FAILED; ++attempt) {
+      std::snprintf(invitation.name.data(), invitation.name.size(), "/distribute-%ld-%u-%u",
+                    static_cast<long>(getpid()), made.fetch_add(1), static_cast<unsigned>(random() % 100000));
+      const int fd = shm_open(invitation.name.data(), O_RDWR | O_CREAT | O_EXCL, 0600);
+      if (fd < 0) continue;
+      if (posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
+        mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      close(fd);
+      if (mapping == MAP_FAILED) shm_unlink(invitation.name.data());
+    }
+    if (mapping == MAP_FAILED) {
+      invitation.name[0] = '\0';
+    } else {
+      std::memcpy(static_cast<std::byte*>(mapping) + kNonceOffset, &invitation.nonce, sizeof invitation.nonce);
+    }
+  } catch (...) {
+    if (mapping != MAP_FAILED) {
+      munmap(mapping, bytes);
+      mapping = MAP_FAILED;
+      shm_unlink(invitation.name.data());
+    }
+    invitation.name[0] = '\0';
+  }
+  return mapping;
+}
+
 }  // namespace
 
 std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int rank, int size) {
@@ -71,38 +111,7 @@ std::unique_ptr<NodeSharedMemory> NodeSharedMemory::create(MPI_Comm comm, int ra
   void* mapping = MAP_FAILED;
   if (rank == 0) {
     // (No exception may leave before the broadcast below: the others wait there.)
-    try {
-      // A name of its own (a leftover of a killed job may hold one: another
-      // try), with the space reserved now: tmpfs grants pages only when they
-      // are first written, and a full /dev/shm would then kill the process
-      // with SIGBUS instead of failing here.
-      static std::atomic<unsigned> made{0};
-      std::random_device random;
-      invitation.nonce = (std::uint64_t{random()} << 32) ^ random() ^ static_cast<std::uint64_t>(getpid());
-      for (int attempt = 0; attempt < 8 && mapping == MAP_FAILED; ++attempt) {
-        std::snprintf(invitation.name.data(), invitation.name.size(), "/distribute-%ld-%u-%u",
-                      static_cast<long>(getpid()), made.fetch_add(1), static_cast<unsigned>(random() % 100000));
-        const int fd = shm_open(invitation.name.data(), O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd < 0) continue;
-        if (posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
-          mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        }
-        close(fd);
-        if (mapping == MAP_FAILED) shm_unlink(invitation.name.data());
-      }
-      if (mapping == MAP_FAILED) {
-        invitation.name[0] = '\0';
-      } else {
-        std::memcpy(static_cast<std::byte*>(mapping) + kNonceOffset, &invitation.nonce, sizeof invitation.nonce);
-      }
-    } catch (...) {
-      if (mapping != MAP_FAILED) {
-        munmap(mapping, bytes);
-        mapping = MAP_FAILED;
-        shm_unlink(invitation.name.data());
-      }
-      invitation.name[0] = '\0';
-    }
+    mapping = make_object(invitation, bytes);
   }
   if (MPI_Bcast(&invitation, static_cast<int>(sizeof invitation), MPI_BYTE, 0, comm) != MPI_SUCCESS) {
     invitation.name[0] = '\0';

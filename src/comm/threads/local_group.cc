@@ -328,6 +328,11 @@ bool LocalGroup::withdraw(std::uint64_t target) {
   return false;  // the last member arrived: the round has completed
 }
 
+// Kept whole: the spin, the sleeper counts taken under mu_ and the sleep loop
+// share the complete/leave lambdas, the lock and `completing`, and each
+// check's memory order (acquire while spinning, seq_cst once counted among
+// the sleepers) must be read against the others and wake_sleepers.
+// NOLINTNEXTLINE(readability-function-size): spin and sleep share complete(): acquire in one, seq_cst in the other.
 void LocalGroup::wait_for_round(int member, std::uint64_t round, const CollectiveCall& call, RoundKind kind,
                                 std::uint64_t target) {
   const bool release = kind == RoundKind::kRelease;

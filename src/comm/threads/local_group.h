@@ -49,7 +49,7 @@ class LocalGroup final : public ReplicaRendezvous {
   using Entry = RendezvousEntry;
 
   // Bytes of each member's inline area (per round parity).
-  static constexpr std::size_t kInlineBytes = 4 * 1024;
+  static constexpr std::size_t kInlineBytes = std::size_t{4} << 10;
   // Cache lines of a member's small-round block, and the bytes they carry:
   // 48 in the first, beside the round number and the tag, 64 in each other.
   static constexpr std::size_t kSmallLines = 17;

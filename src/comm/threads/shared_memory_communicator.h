@@ -33,12 +33,12 @@ namespace distribute::internal {
 class SharedMemoryCommunicator final : public Communicator {
  public:
   // Elements of one chunk of the large all_reduce path, in bytes.
-  static constexpr std::size_t kChunkBytes = 64 * 1024;
+  static constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
   // Up to this size all_reduce takes the one-round latency path.
   static constexpr std::size_t kLatencyPathBytes = 1024;
   // The chunk when all_reduce streams: reduced into a buffer that stays in L1
   // (16 KiB was 1.1 to 1.2x faster than 64 KiB at 128 MiB, no slower at 256).
-  static constexpr std::size_t kStreamChunkBytes = 16 * 1024;
+  static constexpr std::size_t kStreamChunkBytes = std::size_t{16} << 10;
   // From this message size up (all_gather's output, broadcast's buffer), the
   // copies of all_gather and broadcast use non-temporal stores: the data no
   // longer fits in cache, and streaming stores skip the read for ownership of
@@ -111,7 +111,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // outputs were no slower up to 64 KiB, the shared one clearly faster from
   // 512 KiB. (HierarchicalCommunicator shares above 1 KiB: there it also
   // saves the fan-out's copies.)
-  static constexpr std::size_t kShareReduceBytes = 64 * 1024;
+  static constexpr std::size_t kShareReduceBytes = std::size_t{64} << 10;
   // Whether all_reduce_shared shares its output among `members`, by the
   // message's bytes: above `above`, the members' share_reduce_above.
   static bool shares_reduce(int members, std::size_t bytes, std::size_t above = kShareReduceBytes) {

@@ -1,0 +1,58 @@
+// File: internal/access.h
+//
+// Not part of the API: the one way the library's own code (its .cc files and
+// the templates of its public headers) reaches the members of the public
+// classes that users never call. Strategy, ReplicaContext, Variable and
+// DistributedDataset befriend Access; each of its functions is defined
+// inline after the class it opens (strategy.h, replica_context.h, input.h,
+// variables.h).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+namespace distribute {
+
+class DistributedDataset;
+class ReplicaContext;
+class Strategy;
+class Tensor;
+class Variable;
+struct CommunicationOptions;
+
+namespace internal {
+
+struct ReplicaChannel;
+struct StrategyState;
+struct DatasetSource;
+
+// Only Access makes one, so only the library makes a ReplicaContext (a
+// constructor private to a friend could not be called by std::vector's
+// emplace_back).
+class ReplicaContextKey {
+  friend struct Access;
+  ReplicaContextKey() = default;
+};
+
+struct Access {
+  // Strategy (strategy.h).
+  static void run_replicas(Strategy& s, const std::function<void(ReplicaContext&)>& body, std::string_view api);
+  static void require_cross_replica_or_default(const Strategy& s, std::string_view api);
+  static StrategyState& state(Strategy& s);
+  static const CommunicationOptions& options(const Strategy& s);
+  // ReplicaContext (replica_context.h).
+  static ReplicaContextKey replica_context_key() { return {}; }
+  static ReplicaChannel& channel(const ReplicaContext& ctx);
+  // DistributedDataset (input.h).
+  static DistributedDataset make_dataset(std::shared_ptr<DatasetSource> source);
+  // Variable (variables.h).
+  static void check_strategy(const Variable& v, const Strategy& s, std::string_view api);
+  static Tensor& mutable_component(Variable& v, std::size_t i);
+  static void check_component(Variable& v, std::size_t i, std::string_view api, const Tensor& before,
+                              const Tensor* returned = nullptr);
+};
+
+}  // namespace internal
+}  // namespace distribute

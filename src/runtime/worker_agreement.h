@@ -1,0 +1,29 @@
+// Collectives among the workers of a multi-worker strategy that the layers
+// above the strategy's own files use (variables, input): each agrees first,
+// so that a worker's refusal is raised by every worker, not left waiting.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distribute/errors.h"
+#include "distribute/strategy.h"
+#include "distribute/tensor.h"
+
+namespace distribute::internal {
+
+// Multi-worker strategies: replaces `value` (which must own its storage) on
+// every worker with worker 0's, after the workers agree on its dtype and
+// shape (a mismatch raises the same InvalidArgumentError on every worker).
+// A worker that passes `local_error` (its own refusal of the value) makes
+// every worker raise it, naming that worker. One worker: does nothing.
+void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view api, const Error* local_error = nullptr);
+// Multi-worker strategies: every worker's `payload`, in worker order (a
+// collective). One worker: {payload}. A worker that passes `local_error`
+// (found before the call) makes every worker raise it, instead of leaving
+// the others waiting for a call it never makes.
+std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api,
+                                                 const Error* local_error = nullptr);
+
+}  // namespace distribute::internal
