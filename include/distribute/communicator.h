@@ -61,7 +61,7 @@ struct CollectiveCall {
   // Non-zero on the first call of a collective: a hash of what must agree
   // (bit 0 set: this rank found its own arguments invalid). Before any
   // result is delivered, a communicator compares the tags of all ranks; if
-  // they differ or any has bit 0, every rank throws internal::SignatureMismatch
+  // they differ or any has bit 0, every rank throws SignatureMismatch
   // (inputs untouched, nothing left in flight; see all_gather_v for its
   // output) and the runtime exchanges full signatures to say what differs.
   std::uint64_t signature_tag = 0;
@@ -79,13 +79,14 @@ struct CollectiveCall {
   BufferPlace place = {};
 };
 
-namespace internal {
-// Thrown by a communicator, on every rank at once, when signature tags differ.
+// Part of the contract, for whoever implements a backend: thrown by a
+// communicator's call on every rank at once when the ranks' signature tags
+// differ (CollectiveCall::signature_tag). Not an error users see: the
+// runtime catches it and raises the typed error that says what differs.
 class SignatureMismatch : public std::exception {
  public:
   const char* what() const noexcept override { return "collective signatures differ"; }
 };
-}  // namespace internal
 
 class Communicator {
  public:

@@ -26,17 +26,11 @@
 #include <vector>
 
 #include "distribute/errors.h"
+#include "distribute/internal/nest_format.h"  // IWYU pragma: export
 
 namespace distribute {
 
 enum class NestKind { kLeaf, kList, kTuple, kDict };
-
-namespace internal {
-// Formats one path step the way Python indexes: [1] or ['key'].
-inline std::string path_step(std::size_t index) { return "[" + std::to_string(index) + "]"; }
-inline std::string path_step(const std::string& key) { return "['" + key + "']"; }
-std::string_view nest_kind_name(NestKind kind);
-}  // namespace internal
 
 template <class T>
 class Nest {
@@ -322,22 +316,6 @@ void assert_same_structure(const Nest<A>& a, const Nest<B>& b, const std::string
 // available, else operator<<.
 template <class T>
 std::string repr(const Nest<T>& n);
-
-namespace internal {
-// repr(leaf) where one exists, Python's True/False for bool, else operator<<.
-template <class T>
-std::string leaf_repr(const T& leaf) {
-  if constexpr (requires { repr(leaf); }) {
-    return repr(leaf);
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return leaf ? "True" : "False";
-  } else {
-    std::ostringstream os;
-    os << leaf;
-    return os.str();
-  }
-}
-}  // namespace internal
 
 template <class T>
 std::string repr(const Nest<T>& n) {

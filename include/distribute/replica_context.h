@@ -32,6 +32,7 @@
 #include "distribute/distributed_values.h"
 #include "distribute/indexed_slices.h"
 #include "distribute/internal/access.h"
+#include "distribute/internal/merge_types.h"
 #include "distribute/nest.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
@@ -40,17 +41,6 @@
 namespace distribute {
 
 class Strategy;
-namespace internal {
-struct ReplicaChannel;
-// The types of a merge_fn and its arguments, which the replicas of one
-// merge_call must agree on: readable, for errors, and as a digest, for the
-// check of every call. Made once per merge_call instantiation.
-struct MergeTypes {
-  std::string names;
-  std::uint64_t digest = 0;
-};
-MergeTypes merge_types(std::initializer_list<const std::type_info*> types);
-}  // namespace internal
 
 class ReplicaContext {
  public:

@@ -47,13 +47,6 @@ class DistributedDataset;
 class InputContext;
 using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
 
-namespace internal {
-struct StrategyState;
-struct Pack;
-// The replica context of `s` if this thread is in s's replica mode (inside s.run), else nullptr.
-ReplicaContext* replica_context_of(const Strategy& s);
-}  // namespace internal
-
 // Where a reduce_to / broadcast_to result goes: one device, the devices of a
 // distributed value (for an all-reduce, pass the value itself), or a list.
 class Destinations {

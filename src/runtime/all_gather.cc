@@ -112,7 +112,7 @@ std::optional<std::vector<Tensor>> gather_same_shapes(ReplicaChannel& ch, const 
     } else {
       return gather_values(ch, leaves, axis, nullptr, first);
     }
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
   }
   return std::nullopt;
 }
@@ -181,7 +181,7 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
       if (!memo.extra) return gather_leaf(ch, value, same_shapes_layout(ch, value, axis), first);  // raises
       return gather_leaf(ch, value, *memo.extra, first);
     }
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
   }
   const std::vector<Tensor> leaves{value};
   const Nest<Tensor> nest(value);

@@ -135,7 +135,7 @@ std::vector<Tensor> reduce_leaves(ReplicaContext& ctx, ReduceOp op, const std::v
   const std::string device;  // empty: the replica thread's device scope (this replica's device), no copy
   try {
     return reduce_packed(ch, leaves, op, std::max<std::int64_t>(0, bytes_per_pack), start.call, device);
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
     const Nest<Tensor> nest = as_nest();
     describe_all_reduce(start.sig, op, nest, leaves, bytes_per_pack);
     const std::vector<std::string> paths = nest.flatten_paths();
@@ -168,7 +168,7 @@ Tensor ReplicaContext::all_reduce(ReduceOp op, const Tensor& value, const Commun
   try {
     const Communicator::Segment whole = segment_of(value);
     return result_view(reduce_segments(ch, {&whole, 1}, value.dtype(), op, call), 0, value, /*device=*/{});
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
     const Nest<Tensor> nest(value);
     describe_all_reduce(sig, op, nest, {&value, 1}, opts.bytes_per_pack);
     explain_mismatch(ch, sig, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0,

@@ -123,7 +123,7 @@ auto broadcast_or_explain(ReplicaContext& ctx, int root_replica, std::int64_t by
   try {
     if (!sig.error_code) return move();
     ch.comm->barrier(call);  // the tag says this replica's call is invalid: every replica throws
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
   }
   const Nest<Tensor> nest = as_nest();
   broadcast_fields(root_replica, nest.structure_string(), bytes_per_pack,

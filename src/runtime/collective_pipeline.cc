@@ -52,7 +52,7 @@ std::vector<Signature> agree(ReplicaChannel& ch, const Signature& sig, Collectiv
   std::vector<std::string> payloads;
   try {
     payloads = ch.comm->exchange(sig.encode(), call);
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
     explain_mismatch(ch, sig, call, first_replica, rule, axis, namer, rules);
   }
   std::vector<Signature> sigs;

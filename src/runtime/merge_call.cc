@@ -1,12 +1,17 @@
 // ReplicaContext::merge_call: a check of the call across workers, a round of the
 // local replicas' arguments, and replica 0's merge_fn handing its result to all.
+#include <cxxabi.h>
+
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "comm/backend.h"
@@ -27,6 +32,22 @@ using internal::explain_mismatch;
 using internal::first_replica_of_group;
 using internal::ReplicaChannel;
 using internal::Signature;
+
+namespace internal {
+MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
+  MergeTypes out;
+  for (const std::type_info* t : types) {
+    int status = 0;
+    char* name = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
+    out.names += (out.names.empty() ? "" : ", ") + std::string(status == 0 && name ? name : t->name());
+    std::free(name);
+  }
+  TagHasher digest("merge_call types");
+  digest.field("names", out.names);
+  out.digest = digest.finish(0, false);
+  return out;
+}
+}  // namespace internal
 
 namespace {
 constexpr const char* kMergeTypesField = "merge_fn and argument types";
@@ -64,7 +85,7 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes
     check.signature_tag = across.tag(false);
     try {
       ch.comm->barrier(check);
-    } catch (const internal::SignatureMismatch&) {
+    } catch (const SignatureMismatch&) {
       explain_mismatch(ch, across, call, first_replica_of_group(*this), internal::ShapeRule::kEqual, 0, nullptr);
     }
   }
@@ -79,7 +100,7 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes
   try {
     const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = tag.finish(sig.sequence, false)}, call);
     for (const auto& e : entries) all_args.push_back(e.send);
-  } catch (const internal::SignatureMismatch&) {
+  } catch (const SignatureMismatch&) {
     sig.fields = {{kMergeTypesField, types.names}};
     CollectiveCall explain = call;
     explain.signature_tag = 0;

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -61,20 +60,6 @@ void throw_different_result_structures(std::string_view api, int first_replica,
   throw InvalidArgumentError(message +
                              ". Every replica must return a result of the same structure (TensorFlow's "
                              "regroup refuses others).");
-}
-
-MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
-  MergeTypes out;
-  for (const std::type_info* t : types) {
-    int status = 0;
-    char* name = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
-    out.names += (out.names.empty() ? "" : ", ") + std::string(status == 0 && name ? name : t->name());
-    std::free(name);
-  }
-  TagHasher digest("merge_call types");
-  digest.field("names", out.names);
-  out.digest = digest.finish(0, false);
-  return out;
 }
 
 }  // namespace internal

@@ -27,6 +27,7 @@ namespace internal {
 struct ReplicaChannel;
 struct StrategyState;
 struct DatasetSource;
+struct Pack;
 
 // Only Access makes one, so only the library makes a ReplicaContext (a
 // constructor private to a friend could not be called by std::vector's
@@ -35,6 +36,11 @@ class ReplicaContextKey {
   friend struct Access;
   ReplicaContextKey() = default;
 };
+
+// The replica context of `s` if this thread is in s's replica mode (inside
+// s.run), else nullptr: how the templates of StrategyExtended::update pick
+// between a merge_call and a direct update.
+ReplicaContext* replica_context_of(const Strategy& s);
 
 struct Access {
   // Strategy (strategy.h).
