@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 # The layer of each public header (include/distribute/).
 public_layer() {
   case "$1" in
-    dtype | errors | tensor | nest | indexed_slices | dlpack | reduce_op | options) echo 0 ;;
+    dtype | errors | tensor | nest | indexed_slices | dlpack | reduce_op | options | devices) echo 0 ;;
     communicator | mpi) echo 1 ;;
     context | distributed_values | replica_context | strategy | mirrored_strategy | \
       multi_worker_mirrored_strategy | input) echo 2 ;;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "distribute/context.h"
+#include "distribute/devices.h"
 #include "distribute/distributed_values.h"
 #include "distribute/dlpack.h"
 #include "distribute/dtype.h"

@@ -12,8 +12,11 @@
 //
 // Devices are CPU devices, named as TensorFlow names them: "CPU:0", "/cpu:1",
 // "/device:CPU:2", "/job:localhost/replica:0/task:0/device:CPU:3". Any number
-// of virtual CPU devices may be used (they need not exist as cores). "GPU:k"
-// is an InvalidArgumentError in this build, which has no GPU support.
+// of virtual CPU devices may be used (they need not exist as cores). GPUs
+// ("GPU:1", "/device:GPU:1", ...) are listed and split by devices.h, but
+// replicas do not run on them yet: a GPU that exists is UnimplementedError,
+// one that does not (or any, in a build without CUDA or on a machine without
+// a GPU) is InvalidArgumentError naming the GPUs there are, or why none.
 #pragma once
 
 #include <string>
@@ -24,7 +27,8 @@
 namespace distribute {
 
 // Canonical full name of a device: "/job:localhost/replica:0/task:0/device:CPU:1".
-// Throws InvalidArgumentError for a malformed name, a GPU, or a remote job.
+// Throws InvalidArgumentError for a malformed name, a GPU that does not
+// exist, or a remote job; UnimplementedError for a GPU that does (above).
 std::string canonical_device_name(std::string_view device);
 
 class DefaultStrategy final : public Strategy {

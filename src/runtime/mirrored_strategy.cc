@@ -7,6 +7,7 @@
 #include <functional>
 #include <thread>
 
+#include "core/device_registry.h"
 #include "core/payload_list.h"
 #include "core/recent_answers.h"
 #include "distribute/multi_worker_mirrored_strategy.h"
@@ -30,6 +31,20 @@ bool parse_index(std::string_view text, int& out) {
   }
   out = v;
   return true;
+}
+
+// GPU names parse, and a GPU that is not there is named with those that
+// are; replicas and tensors are not placed on GPUs yet.
+[[noreturn]] void refuse_gpu(const std::string& original, int index, bool local) {
+  std::string gpu = "a GPU of another worker";
+  if (local) {
+    internal::DeviceRegistry& registry = internal::device_registry();
+    static_cast<void>(registry.logical_gpu(index, original));  // InvalidArgumentError if there is no such GPU
+    gpu = registry.describe_gpu(index);
+  }
+  throw UnimplementedError("device '" + original + "' is " + gpu +
+                           ": this version of distribute lists and configures GPUs (devices.h) but does not yet "
+                           "place replicas or tensors on them; use CPU devices (\"CPU:0\", \"CPU:1\", ...)");
 }
 
 }  // namespace
@@ -91,13 +106,8 @@ std::string parse_device_name(std::string_view device) {
         rest = rest.substr(c2 + 1);
       }
       if (!parse_index(rest, n)) return bad("'" + std::string(rest) + "' is not a device index");
-      if (dev_type == "gpu") {
-        throw InvalidArgumentError("device '" + original +
-                                   "': this build of distribute has no GPU support (it was built without CUDA); "
-                                   "use CPU devices (\"CPU:0\", \"CPU:1\", ...)");
-      }
-      if (dev_type != "cpu") return bad("unknown device type '" + dev_type + "'");
-      type = "CPU";
+      if (dev_type != "cpu" && dev_type != "gpu") return bad("unknown device type '" + dev_type + "'");
+      type = dev_type == "gpu" ? "GPU" : "CPU";
       index = n;
     }
   }
@@ -106,6 +116,7 @@ std::string parse_device_name(std::string_view device) {
     throw InvalidArgumentError("device '" + original + "': task " + std::to_string(task) +
                                " is another process; only task:0 of job 'localhost' is local");
   }
+  if (type == "GPU") refuse_gpu(original, index, job == "localhost");
   return "/job:" + job + "/replica:0/task:" + std::to_string(task) + "/device:" + type + ":" + std::to_string(index);
 }
 }  // namespace

@@ -150,10 +150,35 @@ void run_examples(Strategy& strategy) {
   merge_call_examples(strategy);
 }
 
+// --list-devices: what tf.config.list_physical_devices and
+// list_logical_devices show, with each GPU's details.
+int list_devices() {
+  for (const PhysicalDevice& d : list_physical_devices()) {
+    std::cout << d;
+    const DeviceDetails details = get_device_details(d);
+    if (details.compute_capability) {
+      std::cout << ": " << details.device_name << ", compute capability " << details.compute_capability->first << "."
+                << details.compute_capability->second << ", " << (details.memory_bytes >> 20) << " MB";
+    }
+    std::cout << "\n";
+  }
+  if (list_physical_devices("GPU").empty()) std::cout << "no GPU: " << gpus_unavailable_reason() << "\n";
+  for (const LogicalDevice& d : list_logical_devices()) std::cout << d << "\n";
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
+    const std::string arg = argc > 1 ? argv[1] : "";
+    if (arg == "--list-devices" && argc == 2) return list_devices();
+    if (argc > 1) {
+      std::cerr << "usage: distribute-demo [--list-devices]\n"
+                   "  runs the seed's examples on MirroredStrategy({\"CPU:0\", \"CPU:1\"}) (under mpirun: on\n"
+                   "  MultiWorkerMirroredStrategy, 2 replicas per worker); --list-devices lists the devices\n";
+      return 2;
+    }
 #ifdef DISTRIBUTE_HAVE_MPI
     if (mpi::started_by_launcher()) {
       // strategy = tf.distribute.MultiWorkerMirroredStrategy(), 2 replicas per worker
