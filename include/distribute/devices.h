@@ -73,7 +73,7 @@ std::vector<PhysicalDevice> list_physical_devices(std::string_view device_type =
 
 // The logical devices of `device_type`, as list_physical_devices; fixes the
 // layout (see above). InvalidArgumentError if DISTRIBUTE_LOGICAL_GPUS is not
-// "N" or "N:MB" with N in [1, 64], or if a GPU's logical devices ask for more
+// "N" or "N:MB" with N in [1, 64] and MB in [1, 2^30], or if a GPU's logical devices ask for more
 // memory than it has.
 std::vector<LogicalDevice> list_logical_devices(std::string_view device_type = {});
 

@@ -49,15 +49,15 @@ std::vector<LogicalDeviceConfiguration> parse_logical_gpus(std::string_view valu
   auto refuse = [&]() -> std::vector<LogicalDeviceConfiguration> {
     throw InvalidArgumentError(std::string(kLogicalGpusEnv) + "='" + text +
                                "' is not \"N\" or \"N:MB\" (N logical GPUs per physical GPU, 1 to " +
-                               std::to_string(kMaxLogicalPerGpu) + ", of MB megabytes each, at least 1)");
+                               std::to_string(kMaxLogicalPerGpu) + ", of MB megabytes each, 1 to 1073741824)");
   };
   const std::size_t colon = text.find(':');
   const std::optional<std::size_t> count = parse_whole_number(text.substr(0, colon).c_str(), kMaxLogicalPerGpu);
   if (!count || *count == 0) return refuse();
   std::optional<std::int64_t> limit;
   if (colon != std::string::npos) {
-    const std::optional<std::size_t> mb =
-        parse_whole_number(text.substr(colon + 1).c_str(), static_cast<std::size_t>(INT64_MAX / kMiB));
+    // At most 2^30 MB (1 PiB) each, so that 64 of them add up without overflow.
+    const std::optional<std::size_t> mb = parse_whole_number(text.substr(colon + 1).c_str(), std::size_t{1} << 30);
     if (!mb || *mb == 0) return refuse();
     limit = static_cast<std::int64_t>(*mb);
   }

@@ -80,7 +80,7 @@ class DeviceRegistry {
 // The process's registry: probe_gpus() and DISTRIBUTE_LOGICAL_GPUS, on first use.
 DeviceRegistry& device_registry();
 
-// "N" or "N:MB" (N in [1, 64], MB >= 1): N logical GPUs per physical GPU.
+// "N" or "N:MB" (N in [1, 64], MB in [1, 2^30]): N logical GPUs per physical GPU.
 // InvalidArgumentError naming the variable otherwise.
 std::vector<LogicalDeviceConfiguration> parse_logical_gpus(std::string_view value);
 

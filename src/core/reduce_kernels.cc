@@ -1,75 +1,15 @@
 #include "core/reduce_kernels.h"
 
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 
 #include "core/kernel_clones.h"
+#include "core/reduce_arith.h"
 
 namespace distribute::internal {
 namespace {
 
 constexpr std::size_t kBlock = 256;
-
-// Exact sums of int64 values for MEAN (a GCC/Clang extension, hence __extension__).
-__extension__ typedef __int128 int128;  // elements reduced per pass over the sources
-
-template <class T>
-constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
-
-template <class T, class = void>
-struct SumType {
-  using type = std::conditional_t<is_half_v<T>, float, T>;
-};
-template <class T>
-struct SumType<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
-  using type = std::make_unsigned_t<T>;
-};
-
-// The type in which values of T are combined for `op`.
-template <class T>
-struct Accumulator {
-  // Integers wrap: the unsigned type of the same width gives the same bits
-  // as two's complement wrap-around, with no undefined behaviour, at full
-  // vector width.
-  using sum = typename SumType<T>::type;
-  using mean = std::conditional_t<is_half_v<T>, float,
-                                  std::conditional_t<std::is_same_v<T, std::int64_t>, int128,
-                                                     std::conditional_t<std::is_integral_v<T>, std::int64_t, T>>>;
-};
-
-template <class A, class T>
-A load(const T& v) {
-  if constexpr (is_half_v<T>) {
-    return static_cast<float>(v);
-  } else {
-    return static_cast<A>(v);
-  }
-}
-
-template <class T, class A>
-T store(A a) {
-  if constexpr (is_half_v<T>) {
-    return T(static_cast<float>(a));
-  } else {
-    return static_cast<T>(a);  // integers: modular (C++20), which is the wrap-around we promise
-  }
-}
-
-template <class A>
-A nan_min(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<A>::quiet_NaN();
-  }
-  return b < a ? b : a;
-}
-template <class A>
-A nan_max(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<A>::quiet_NaN();
-  }
-  return a < b ? b : a;
-}
 
 // dst[i] = finish(combine(...combine(s0[i], s1[i])..., s[k-1][i])), a block at
 // a time: the first two sources are combined in one pass, later ones folded in
@@ -106,50 +46,26 @@ void reduce_blocks(T* dst_base, std::span<const void* const> srcs, std::size_t c
 
 template <class T>
 void reduce_typed(T* dst, std::span<const void* const> srcs, std::size_t count, ReduceOp op, std::int64_t divisor) {
-  auto same = [](auto a) { return a; };
   if constexpr (std::is_same_v<T, bool>) {
-    auto any = [](bool a, bool b) { return a || b; };
-    auto all = [](bool a, bool b) { return a && b; };
     if (op == ReduceOp::kSum || op == ReduceOp::kMax) {
-      reduce_blocks<T, bool>(dst, srcs, count, any, same);
+      reduce_blocks<T, bool>(dst, srcs, count, AnyOf{}, Same{});
     } else if (op == ReduceOp::kMean && divisor != static_cast<std::int64_t>(srcs.size())) {
-      // trunc(count_true / divisor) is 1 only if count_true >= divisor.
-      std::int64_t d = divisor;
-      auto count_true = [](std::int64_t a, std::int64_t b) { return a + b; };
-      reduce_blocks<T, std::int64_t>(dst, srcs, count, count_true, [d](std::int64_t c) { return c / d != 0; });
+      reduce_blocks<T, std::int64_t>(dst, srcs, count, CountTrue{}, BoolMeanOf{divisor});
     } else {
-      reduce_blocks<T, bool>(dst, srcs, count, all, same);
+      reduce_blocks<T, bool>(dst, srcs, count, AllOf{}, Same{});
     }
     return;
   } else {
     using Sum = typename Accumulator<T>::sum;
     using Mean = typename Accumulator<T>::mean;
     switch (op) {
-      case ReduceOp::kSum:
-        reduce_blocks<T, Sum>(
-            dst, srcs, count, [](Sum a, Sum b) { return static_cast<Sum>(a + b); }, same);
+      case ReduceOp::kSum: reduce_blocks<T, Sum>(dst, srcs, count, Add<Sum>{}, Same{}); return;
+      case ReduceOp::kProduct: reduce_blocks<T, Sum>(dst, srcs, count, Multiply<Sum>{}, Same{}); return;
+      case ReduceOp::kMin: reduce_blocks<T, Mean>(dst, srcs, count, Min<Mean>{}, Same{}); return;
+      case ReduceOp::kMax: reduce_blocks<T, Mean>(dst, srcs, count, Max<Mean>{}, Same{}); return;
+      case ReduceOp::kMean:
+        reduce_blocks<T, Mean>(dst, srcs, count, Add<Mean>{}, DivideBy<Mean>{static_cast<Mean>(divisor)});
         return;
-      case ReduceOp::kProduct:
-        // Widen to at least unsigned int first: uint16 * uint16 would promote to int and overflow.
-        reduce_blocks<T, Sum>(
-            dst, srcs, count,
-            [](Sum a, Sum b) { return static_cast<Sum>(static_cast<std::common_type_t<Sum, unsigned>>(a) * b); }, same);
-        return;
-      case ReduceOp::kMin:
-        reduce_blocks<T, Mean>(
-            dst, srcs, count, [](Mean a, Mean b) { return nan_min(a, b); }, same);
-        return;
-      case ReduceOp::kMax:
-        reduce_blocks<T, Mean>(
-            dst, srcs, count, [](Mean a, Mean b) { return nan_max(a, b); }, same);
-        return;
-      case ReduceOp::kMean: {
-        const Mean d = static_cast<Mean>(divisor);
-        reduce_blocks<T, Mean>(
-            dst, srcs, count, [](Mean a, Mean b) { return static_cast<Mean>(a + b); },
-            [d](Mean a) { return static_cast<Mean>(a / d); });
-        return;
-      }
     }
   }
 }

@@ -150,7 +150,9 @@ TEST(DeviceRegistryTest, EnvironmentIsParsedStrictly) {
   EXPECT_FALSE(parse_logical_gpus("2")[0].memory_limit.has_value());
   EXPECT_EQ(parse_logical_gpus("3:512")[2].memory_limit, 512);
   EXPECT_EQ(parse_logical_gpus("64").size(), 64u);
-  for (const char* bad : {"", "0", "65", "-1", "x", "2:", "2:0", "2:1024x", ":1024", " 2", "2:-1", "1.5"}) {
+  EXPECT_EQ(parse_logical_gpus("64:1073741824")[63].memory_limit, std::int64_t{1} << 30);
+  for (const char* bad :
+       {"", "0", "65", "-1", "x", "2:", "2:0", "2:1073741825", "2:1024x", ":1024", " 2", "2:-1", "1.5"}) {
     auto message = testing::error_message<InvalidArgumentError>([&] { parse_logical_gpus(bad); });
     EXPECT_NE(message.find("DISTRIBUTE_LOGICAL_GPUS='" + std::string(bad) + "' is not \"N\" or \"N:MB\""),
               std::string::npos)
