@@ -7,7 +7,8 @@
 # A layer includes its own headers and those below it. Outside src/comm/, the
 # one communicator header is comm/backend.h (the factory and the rendezvous
 # interface); the public distribute/communicator.h and distribute/mpi.h are
-# the comm layer's public side. Tests may reach any layer they test.
+# the comm layer's public side. Tests may reach any layer they test. The
+# Python module (python/src/) sits with the tools, on the public headers only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +37,7 @@ file_layer() {
     src/comm/*) echo 1 ;;
     src/runtime/*) echo 2 ;;
     src/training/*) echo 3 ;;
-    tools/* | examples/*) echo 4 ;;
+    tools/* | examples/* | python/src/*) echo 4 ;;
     include/distribute/*.h)
       local name="${1#include/distribute/}"
       public_layer "${name%.h}"
@@ -79,6 +80,8 @@ while IFS= read -r file; do
       problem="${names[layer]} must not include ${names[target]}"
     elif [[ "$header" == comm/* && "$file" != src/comm/* && "$header" != comm/backend.h ]]; then
       problem="a backend is reached only through comm/backend.h"
+    elif [[ "$file" == python/src/* && "$header" != distribute/* ]]; then
+      problem="the Python module is built on the public API (include/distribute/) only"
     fi
     [[ -z "$problem" ]] && continue
     entry="$file: $header"
@@ -91,7 +94,7 @@ while IFS= read -r file; do
       status=1
     fi
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$file")
-done < <(find src include tools examples -type f \( -name '*.h' -o -name '*.cc' \) | sort)
+done < <(find src include tools examples python/src -type f \( -name '*.h' -o -name '*.cc' \) | sort)
 
 for k in "${known[@]}"; do
   seen=0

@@ -18,8 +18,8 @@ if ! clang-format --dry-run --Werror "${cxx[@]}"; then
   status=1
 fi
 
-# clang-tidy on every translation unit of the library, the tools and the
-# examples that this build compiles (the MPI backend where it is built); not
+# clang-tidy on every translation unit of the library, the tools, the Python
+# module and the examples that this build compiles (the MPI backend where it is built); not
 # the CUDA sources, which clang-tidy 14 cannot parse with nvcc's flags (they
 # are formatted, and built with nvcc's warnings as errors).
 # Findings already in scripts/lint_baseline.txt (counted per file and check,
@@ -31,7 +31,7 @@ import json, os, sys
 root = os.getcwd() + "/"
 for entry in json.load(open(sys.argv[1])):
     path = os.path.relpath(os.path.join(entry["directory"], entry["file"]), root)
-    if path.split("/")[0] in ("src", "tools", "examples") and not path.endswith(".cu"):
+    if path.split("/")[0] in ("src", "tools", "examples", "python") and not path.endswith(".cu"):
         print(path)
 PY
 )

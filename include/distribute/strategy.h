@@ -192,6 +192,16 @@ class Strategy {
   // e.g. "MirroredStrategy(2 replicas: CPU:0, CPU:1)", for messages.
   std::string describe() const;
 
+  // Cancels the run in progress, from another thread (a watchdog, the thread
+  // that watches for Ctrl-C): every collective of that run, waiting or to
+  // come, fails with CancelledError("Cancelled: " + reason) on every replica,
+  // and run() raises it (or what a replica raised in its place). A replica
+  // busy with its own computation is told at its next collective. Returns
+  // whether a run was in progress. A call just as one run ends may cancel the
+  // next one instead. (Under a multi-worker strategy the workers' link is
+  // left unusable, as after any failure between workers.)
+  bool cancel_run(const std::string& reason);
+
   // Replicas of every worker taking part in each collective.
   int num_replicas_in_sync() const { return num_replicas_in_sync_; }
   // Replicas run by this process.

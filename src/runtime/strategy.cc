@@ -143,6 +143,18 @@ void Strategy::set_workers(std::shared_ptr<Communicator> workers) {
   state_->workers_owner = std::move(workers);
 }
 
+bool Strategy::cancel_run(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(state_->resources_mutex);
+  bool cancelled = false;
+  for (const auto& res : state_->by_depth) {
+    if (res->running.load(std::memory_order_acquire)) {
+      res->abort(ErrorCode::kCancelled, "Cancelled: " + reason, /*origin=*/-1);
+      cancelled = true;
+    }
+  }
+  return cancelled;
+}
+
 std::string Strategy::describe() const {
   return describe_strategy(name(), num_replicas_in_sync_, devices_, state_->workers);
 }

@@ -2,7 +2,8 @@
 # consume.sh SOURCE_DIR BUILD_DIR: installs the build at BUILD_DIR into a
 # fresh prefix (cmake --install), builds tests/install/consumer there with
 # find_package(distribute CONFIG) and runs it, then compiles its program
-# again from pkg-config's flags alone. Passes if every step does.
+# again from pkg-config's flags alone, and imports the installed Python
+# package where there is one. Passes if every step does.
 set -eu
 src=$1 build=$2
 work=$(mktemp -d)
@@ -24,8 +25,13 @@ if pkg-config --exists distribute-mpi; then
   "$work/consumer_mpi_pc"
 fi
 "$work/consumer_pc"
-if pkg-config --exists distribute-mpi; then
-  c++ "$src/tests/install/consumer/consumer_mpi.cc" $(pkg-config --cflags --libs distribute-mpi) -o "$work/consumer_mpi_pc"
-  "$work/consumer_mpi_pc"
+# The Python package, where this build made it: it imports from the prefix.
+module=$(find "$work/prefix" -name '_distribute*.so' | head -1)
+if [ -n "$module" ]; then
+  python=/usr/bin/python3
+  [ -x "$python" ] || python=python3
+  PYTHONPATH=$(dirname "$(dirname "$module")") "$python" -c \
+    'import distribute as ds; assert int(ds.MirroredStrategy(["CPU:0"]).run(lambda: ds.constant(2))) == 2'
+  echo "consume.sh: the installed Python package imports and runs"
 fi
 echo "consume.sh: the installed package builds and runs a consumer (CMake and pkg-config)"

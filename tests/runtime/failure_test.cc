@@ -578,6 +578,36 @@ TEST(FailureTest, ARunFromAThreadAReplicaWaitsForIsBoundedByTheTimeout) {
   other.join();
 }
 
+// cancel_run from another thread ends a run whose replicas wait in a
+// collective (one never arrives until told), with CancelledError on every
+// replica; the strategy runs again afterwards.
+TEST(FailureTest, CancelRunFromAnotherThreadEndsTheRunWithCancelledError) {
+  auto s = testing::mirrored(2, {.timeout = std::chrono::duration<double>(30)});
+  EXPECT_FALSE(s->cancel_run("nothing runs"));
+  std::atomic<bool> waiting{false};
+  std::atomic<bool> cancelled{false};
+  std::thread canceller([&] {
+    while (!waiting.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // replica 0 is in its all_reduce by now
+    cancelled = s->cancel_run("interrupted by the test");
+  });
+  const auto start = Clock::now();
+  auto [outcomes, from_run] = run_and_record(*s, [&](ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1) {
+      waiting = true;
+      while (!cancelled.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ctx.all_reduce(ReduceOp::kSum, constant(1.f));
+  });
+  canceller.join();
+  EXPECT_TRUE(cancelled.load());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  EXPECT_EQ(from_run.type, "CancelledError") << from_run.message;
+  EXPECT_NE(from_run.message.find("Cancelled: interrupted by the test"), std::string::npos) << from_run.message;
+  for (const Outcome& o : outcomes) EXPECT_EQ(o.type, "CancelledError") << o.message;
+  expect_usable(*s);
+}
+
 // A tensor that cannot be allocated is ResourceExhaustedError naming its
 // bytes, dtype and shape (it was a bare std::bad_alloc).
 TEST(FailureTest, AnAllocationThatFailsNamesBytesAndShape) {

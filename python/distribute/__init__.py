@@ -1,0 +1,348 @@
+"""distribute: TensorFlow's tf.distribute replica model, on a C++ engine.
+
+    import distribute as ds
+
+    strategy = ds.MirroredStrategy(["CPU:0", "CPU:1"])
+
+    def step():
+        ctx = ds.get_replica_context()
+        return ctx.all_reduce(ds.ReduceOp.SUM, ds.constant(1.0))
+
+    print(strategy.experimental_local_results(strategy.run(step)))
+
+Replica functions run on the strategy's replica threads, side by side: every
+collective and C++ computation releases the GIL. See docs/python.md.
+"""
+
+from . import errors
+from ._distribute import (
+    SGD,
+    Adam,
+    CommunicationImplementation,
+    CommunicationOptions,
+    DType,
+    InputContext,
+    MirroredStrategy,
+    MirroredVariable,
+    OneDeviceStrategy,
+    Optimizer,
+    ReduceOp,
+    ReplicaContext,
+    Strategy,
+    StrategyExtended,
+    SyncOnReadVariable,
+    Tensor,
+    Variable,
+    VariableAggregation,
+    VariableSynchronization,
+    _ValueKind,
+    constant,
+    from_dlpack,
+    get_cross_replica_context,
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from ._distribute import (  # the dtypes, named as TF's (distribute.float32, ...)
+    bfloat16,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+)
+from ._distribute import bool as bool_  # `bool` would hide the builtin here
+from ._values import DistributedValues, Mirrored, PerReplica, map_structure, regroup, select_replica
+
+globals()["bool"] = bool_  # distribute.bool, as tf.bool
+
+
+def convert_to_tensor(value, dtype=None):
+    """`value` as a Tensor: a Tensor as it is, anything else as constant(value, dtype)."""
+    if isinstance(value, Tensor) and dtype is None:
+        return value
+    return constant(value, dtype=dtype)
+
+
+def identity(value):
+    """A Tensor with the value of `value` (a Tensor, a number, a list or a numpy array)."""
+    return convert_to_tensor(value)
+
+
+# --- Strategy: the parts written in Python (regrouping results) ------------
+
+
+def _run(self, fn, args=(), kwargs=None, options=None):
+    """Runs fn(*args, **kwargs) on every replica, each on its own thread.
+
+    A PerReplica (or Mirrored) in args or kwargs, at any depth of lists, tuples
+    and dicts, gives each replica its own component. The results are regrouped:
+    a nest of PerReplica, or the value itself where every replica returned the
+    same object. An exception in one replica releases the others (they get
+    AbortedError in their collectives) and is raised here as it was raised.
+    """
+    del options  # (tf.distribute.RunOptions: nothing here depends on them)
+    if not isinstance(args, (list, tuple)):
+        raise ValueError(f"positional args must be a list or tuple, got {type(args)}")
+    kwargs = {} if kwargs is None else kwargs
+
+    def replica_fn(local_id):
+        return fn(*select_replica(local_id, tuple(args)), **select_replica(local_id, kwargs))
+
+    return regroup(self._run_replicas(replica_fn))
+
+
+def _local_results(self, value):
+    """The components on this worker's replicas, as a tuple (TF's rules)."""
+    if isinstance(value, DistributedValues):
+        return value.values
+    if self._is_default or isinstance(self, OneDeviceStrategy) or not _is_nested(value):
+        return (value,)
+    return tuple(select_replica(i, value) for i in range(self._num_local_replicas))
+
+
+def _is_nested(value):
+    return isinstance(value, (list, tuple, dict))
+
+
+def _components(value):
+    return [convert_to_tensor(v) for v in value.values]
+
+
+def _reduce(self, reduce_op, value, axis):
+    """Reduces `value` across replicas (and along `axis` within each, unless None) to one tensor."""
+    if isinstance(value, DistributedValues):
+        return self._reduce_components(reduce_op, _components(value), axis, isinstance(value, Mirrored))
+    if _is_nested(value):
+        return map_structure(lambda v: _reduce(self, reduce_op, v, axis), value)
+    return self._reduce_tensor(reduce_op, value, axis)
+
+
+def _gather(self, value, axis):
+    """Concatenates the replicas' components of `value` along `axis`, on the host."""
+    if isinstance(value, DistributedValues):
+        return self._gather_per_replica(_components(value), axis)
+    if _is_nested(value):
+        return map_structure(lambda v: _gather(self, v, axis), value)
+    return self._gather_tensor(value, axis)
+
+
+def _values_from_function(self, value_fn):
+    """A PerReplica of value_fn(ValueContext) for each local replica, under its device."""
+    import types
+
+    def call(replica_id, num_replicas):
+        return value_fn(types.SimpleNamespace(replica_id_in_sync_group=replica_id, num_replicas_in_sync=num_replicas))
+
+    return regroup(self._values_from_function(call))
+
+
+class DistributedDataset:
+    """Batches split across the replicas: each item is the batch as a nest of
+    PerReplica (TF's rebatching: a global batch of B gives each of N replicas
+    B/N rows; an uneven last batch is split as evenly as it can be)."""
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    def __iter__(self):
+        while True:
+            batch = self._impl._next()
+            if batch is None:
+                return
+            yield regroup(batch)
+
+
+_END = object()
+
+
+def _first_leaf(value):
+    while isinstance(value, (list, tuple, dict)):
+        if not value:
+            return None
+        value = next(iter(value.values())) if isinstance(value, dict) else value[0]
+    return value
+
+
+def _distribute_dataset(self, dataset, options=None, global_batch_size=None):
+    """Splits each global batch of `dataset` (any iterable of numpy arrays,
+    tensors, or lists, tuples and dicts of them) across the replicas.
+    global_batch_size defaults to the length of the first batch."""
+    del options
+    batches = iter(dataset)
+    first = next(batches, _END)
+    if global_batch_size is None:
+        leaf = None if first is _END else _first_leaf(first)
+        global_batch_size = self.num_replicas_in_sync if leaf is None else len(leaf)
+    pending = [first]
+
+    def next_batch():
+        if pending:
+            batch = pending.pop()
+            return None if batch is _END else batch
+        return next(batches, None)
+
+    return DistributedDataset(self._distribute_dataset(next_batch, int(global_batch_size)))
+
+
+def _datasets_from_function(self, dataset_fn, options=None):
+    """dataset_fn(input_context) gives each input pipeline's iterable of
+    per-replica batches (TF's distribute_datasets_from_function)."""
+    del options
+
+    def pipeline(input_context):
+        batches = iter(dataset_fn(input_context))
+        return lambda: next(batches, None)
+
+    return DistributedDataset(self._datasets_from_function(pipeline))
+
+
+Strategy.run = _run
+Strategy.experimental_distribute_dataset = _distribute_dataset
+Strategy.distribute_datasets_from_function = _datasets_from_function
+Strategy.experimental_local_results = _local_results
+Strategy.reduce = _reduce
+Strategy.gather = _gather
+Strategy.experimental_distribute_values_from_function = _values_from_function
+
+
+def _merge_call(self, merge_fn, args=(), kwargs=None):
+    """Runs merge_fn(strategy, *args, **kwargs) once, in the cross-replica
+    context, with every replica's arguments regrouped (PerReplica where they
+    differ); each replica gets its own component of the result."""
+    if not isinstance(args, (list, tuple)):
+        raise ValueError(f"merge_call: args must be a list or tuple, got {type(args)}")
+    kwargs = {} if kwargs is None else kwargs
+    local_id = self._local_replica_id
+
+    def merge_body(strategy, payloads):
+        merged_args = regroup([p[0] for p in payloads])
+        merged_kwargs = regroup([p[1] for p in payloads])
+        return merge_fn(strategy, *merged_args, **merged_kwargs)
+
+    return select_replica(local_id, self._merge_call(merge_body, (tuple(args), kwargs)))
+
+
+ReplicaContext.merge_call = _merge_call
+
+
+# --- StrategyExtended --------------------------------------------------------
+
+
+def _destination_devices(destinations):
+    if isinstance(destinations, str):
+        return [destinations]
+    if isinstance(destinations, DistributedValues):
+        return [convert_to_tensor(v).device for v in destinations.values]
+    if isinstance(destinations, Variable):
+        return [t.device for t in destinations.values]
+    if isinstance(destinations, Tensor):
+        return [destinations.device]
+    raise ValueError(
+        "destinations must be one of a `DistributedValues` object, a tf.Variable object, or a device string."
+    )
+
+
+def _kind_and_components(value):
+    if isinstance(value, PerReplica):
+        return _ValueKind.PER_REPLICA, _components(value)
+    if isinstance(value, Mirrored):
+        return _ValueKind.MIRRORED, _components(value)
+    return _ValueKind.TENSOR, [convert_to_tensor(value)]
+
+
+def _placed(values):
+    # As TF: one destination device gives the tensor, several a Mirrored.
+    return values[0] if len(values) == 1 else Mirrored(values)
+
+
+def _reduce_to(self, reduce_op, value, destinations, options=None):
+    """Reduces `value` (PerReplica, Mirrored or a tensor; or a nest of them) to `destinations`."""
+    if _is_nested(value):
+        return map_structure(lambda v: _reduce_to(self, reduce_op, v, destinations, options), value)
+    kind, components = _kind_and_components(value)
+    return _placed(self._reduce_to(reduce_op, components, kind, _destination_devices(destinations), options))
+
+
+def _batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
+    """reduce_to of every (value, destinations) pair; PerReplica values are reduced together, in packs."""
+    pairs = list(value_destination_pairs)
+    for pair in pairs:
+        if not isinstance(pair, tuple):
+            raise ValueError("Each element of `value_destination_pairs` should be a tuple.")
+        if len(pair) != 2:
+            raise ValueError("Each element of `value_destination_pairs` should be a tuple of size 2.")
+    if pairs and all(isinstance(v, PerReplica) for v, _ in pairs):
+        results = self._batch_reduce_to(
+            reduce_op, [_components(v) for v, _ in pairs], [_destination_devices(d) for _, d in pairs], options
+        )
+        return [_placed(r) for r in results]
+    return [_reduce_to(self, reduce_op, v, d, options) for v, d in pairs]
+
+
+def _broadcast_to(self, tensor, destinations=None):
+    """Copies of `tensor` on `destinations` (every replica's device when None)."""
+    devices = None if destinations is None else _destination_devices(destinations)
+    return _placed(self._broadcast_to(tensor, devices))
+
+
+def _call_for_each_replica(self, fn, args=(), kwargs=None):
+    """Strategy.run without its scope handling, as TF's (its errors name call_for_each_replica)."""
+    kwargs = {} if kwargs is None else kwargs
+
+    def replica_fn(local_id):
+        return fn(*select_replica(local_id, tuple(args)), **select_replica(local_id, kwargs))
+
+    return regroup(self._strategy._run_replicas(replica_fn, True))
+
+
+StrategyExtended.reduce_to = _reduce_to
+StrategyExtended.batch_reduce_to = _batch_reduce_to
+StrategyExtended.broadcast_to = _broadcast_to
+StrategyExtended.call_for_each_replica = _call_for_each_replica
+ReplicaContext.__repr__ = lambda self: (
+    f"<ReplicaContext: replica {int(self.replica_id_in_sync_group)} of {self.num_replicas_in_sync}>"
+)
+
+__all__ = [
+    "errors",
+    "Adam",
+    "DistributedDataset",
+    "InputContext",
+    "MirroredVariable",
+    "Optimizer",
+    "SGD",
+    "StrategyExtended",
+    "SyncOnReadVariable",
+    "Variable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "DType",
+    "DistributedValues",
+    "Mirrored",
+    "MirroredStrategy",
+    "OneDeviceStrategy",
+    "PerReplica",
+    "ReduceOp",
+    "ReplicaContext",
+    "Strategy",
+    "Tensor",
+    "constant",
+    "convert_to_tensor",
+    "from_dlpack",
+    "get_cross_replica_context",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "identity",
+    "in_cross_replica_context",
+    "map_structure",
+    "regroup",
+    "select_replica",
+]

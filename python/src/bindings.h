@@ -1,0 +1,13 @@
+// The pieces of the `distribute._distribute` extension module, one per file.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace distribute::python {
+
+void bind_errors(pybind11::module_& m);    // module.cc: C++ errors as distribute.errors classes
+void bind_tensor(pybind11::module_& m);    // tensor_bindings.cc: DType, Tensor, constant, DLPack
+void bind_strategy(pybind11::module_& m);  // strategy_bindings.cc: strategies, contexts, collectives
+void bind_training(pybind11::module_& m);  // training_bindings.cc: variables, optimizers, datasets
+
+}  // namespace distribute::python

@@ -1,0 +1,169 @@
+#include "convert.h"
+
+#include <pybind11/numpy.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace distribute::python {
+
+PyHandle::PyHandle(py::object object)
+    : object_(new py::object(std::move(object)), [](py::object* o) {
+        // The last copy may go on a replica thread, which holds no GIL. One
+        // still held by the library when the interpreter has gone (a static
+        // strategy's last merge_call result, at exit) is left alone.
+        if (Py_IsInitialized() == 0 || _Py_IsFinalizing() != 0) return;
+        py::gil_scoped_acquire gil;
+        delete o;
+      }) {}
+
+namespace {
+
+std::string type_name(py::handle value) { return py::str(py::type::of(value).attr("__name__")); }
+
+std::optional<DType> dtype_named(std::string_view name) {
+  for (DType d : kAllDTypes) {
+    if (to_string(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+DType dtype_from_python(py::handle spec) {
+  if (py::isinstance<DType>(spec)) return spec.cast<DType>();
+  std::string name;
+  if (py::isinstance<py::str>(spec)) {
+    name = spec.cast<std::string>();
+  } else {
+    try {
+      name = py::str(py::dtype::from_args(py::reinterpret_borrow<py::object>(spec)).attr("name"));
+    } catch (const py::error_already_set&) {
+      throw py::type_error("dtype: " + std::string(py::repr(spec)) + " does not name a dtype");
+    }
+  }
+  if (auto d = dtype_named(name)) return *d;
+  throw py::type_error("dtype: '" + name +
+                       "' is not one of bool, int8, uint8, int16, int32, int64, float16, bfloat16, float32, float64");
+}
+
+py::dtype numpy_dtype(DType dtype) {
+  if (dtype == DType::kBFloat16) throw py::type_error("numpy has no bfloat16: a bfloat16 tensor has no numpy dtype");
+  return py::dtype(std::string(to_string(dtype)));
+}
+
+namespace {
+
+// bfloat16 has no numpy dtype: its values go through float32.
+Tensor bfloat16_from(const py::array& array) {
+  auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(array);
+  std::vector<bfloat16> values(static_cast<std::size_t>(f.size()));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = bfloat16(f.data()[i]);
+  std::vector<std::int64_t> dims(f.shape(), f.shape() + f.ndim());
+  return internal::make_constant(DType::kBFloat16, Shape(dims), values.data());
+}
+
+}  // namespace
+
+Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
+  if (py::isinstance<Tensor>(value)) {
+    Tensor t = value.cast<Tensor>();
+    if (dtype && *dtype != t.dtype()) {
+      throw InvalidArgumentError("Tensor conversion requested dtype " + std::string(to_string(*dtype)) +
+                                 " for a Tensor with dtype " + std::string(to_string(t.dtype())));
+    }
+    return t;
+  }
+  if (py::isinstance<Variable>(value)) return to_tensor(py::cast(value.cast<const Variable&>().read_value()), dtype);
+  if (value.is_none() || py::isinstance<py::str>(value) || py::isinstance<py::bytes>(value)) {
+    throw py::type_error("Can't convert " + type_name(value) + " " + std::string(py::repr(value)) +
+                         " to a Tensor: only numbers, bools and numpy arrays (and lists of them) are tensors here");
+  }
+  py::module_ np = py::module_::import("numpy");
+  const bool from_numpy = py::isinstance(value, np.attr("ndarray")) || py::isinstance(value, np.attr("generic"));
+  py::array array = np.attr("asarray")(value);
+  const char kind = py::str(array.dtype().attr("kind")).cast<std::string>()[0];
+  if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f') {
+    throw py::type_error("Can't convert " + type_name(value) + " of numpy dtype " +
+                         std::string(py::str(array.dtype())) + " to a Tensor");
+  }
+  DType target;
+  if (dtype) {
+    target = *dtype;
+  } else if (from_numpy) {
+    target = dtype_from_python(array.dtype());
+  } else if (kind == 'f') {
+    target = DType::kFloat32;  // tf.constant(1.5) is float32
+  } else if (kind == 'b') {
+    target = DType::kBool;
+  } else {
+    // Python ints: int32, or int64 when a value needs it (as tf.constant).
+    const auto lo = np.attr("min")(array).cast<long double>();
+    const auto hi = np.attr("max")(array).cast<long double>();
+    const bool fits = array.size() == 0 || (lo >= std::numeric_limits<std::int32_t>::min() &&
+                                            hi <= std::numeric_limits<std::int32_t>::max());
+    target = fits ? DType::kInt32 : DType::kInt64;
+  }
+  if (target == DType::kBFloat16) return bfloat16_from(array);
+  const py::dtype want = numpy_dtype(target);
+  // astype(order="C"): a compact row-major copy that keeps a 0-d array 0-d.
+  py::array converted = array.attr("astype")(want, py::arg("order") = "C");
+  if (!is_floating(target)) {
+    // Integers and bools hold only what they can: 1.5 or 300 as int8 is refused.
+    const bool exact = np.attr("array_equal")(converted.attr("astype")(array.dtype()), array).cast<bool>();
+    if (!exact) {
+      throw py::type_error("Can't convert " + std::string(py::repr(value)) + " to a Tensor of dtype " +
+                           std::string(to_string(target)) + ": the values do not fit");
+    }
+  }
+  std::vector<std::int64_t> dims(converted.shape(), converted.shape() + converted.ndim());
+  return internal::make_constant(target, Shape(dims), converted.data());
+}
+
+Nest<Tensor> to_nest(py::handle value) {
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    std::vector<Nest<Tensor>> items;
+    for (py::handle item : value) items.push_back(to_nest(item));
+    return py::isinstance<py::list>(value) ? Nest<Tensor>::list(std::move(items))
+                                           : Nest<Tensor>::tuple(std::move(items));
+  }
+  if (py::isinstance<py::dict>(value)) {
+    Nest<Tensor>::Items items;
+    for (auto [key, item] : value.cast<py::dict>()) {
+      if (!py::isinstance<py::str>(key)) {
+        throw py::type_error("a dict in a nest must have string keys, not " + type_name(key) + " " +
+                             std::string(py::repr(key)));
+      }
+      items.emplace_back(key.cast<std::string>(), to_nest(item));
+    }
+    return Nest<Tensor>::dict(std::move(items));
+  }
+  return Nest<Tensor>(to_tensor(value));
+}
+
+py::object from_nest(const Nest<Tensor>& nest) {
+  switch (nest.kind()) {
+    case NestKind::kLeaf: return py::cast(nest.leaf());
+    case NestKind::kDict: {
+      py::dict out;
+      for (const auto& [key, child] : nest.dict_items()) out[py::str(key)] = from_nest(child);
+      return out;
+    }
+    case NestKind::kList: {
+      py::list out;
+      for (const auto& child : nest.items()) out.append(from_nest(child));
+      return out;
+    }
+    case NestKind::kTuple: {
+      py::tuple out(nest.items().size());
+      for (std::size_t i = 0; i < nest.items().size(); ++i) out[i] = from_nest(nest.items()[i]);
+      return out;
+    }
+  }
+  throw InternalError("from_nest: unknown nest kind");
+}
+
+}  // namespace distribute::python

@@ -1,0 +1,208 @@
+// Training from Python: mirrored and sync-on-read variables, the optimizers,
+// and distributed datasets fed by Python iterables.
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "convert.h"
+
+namespace distribute::python {
+
+namespace {
+
+VariableOptions variable_options(std::string name, VariableSynchronization synchronization,
+                                 VariableAggregation aggregation, std::optional<bool> trainable) {
+  return VariableOptions{
+      .name = std::move(name), .synchronization = synchronization, .aggregation = aggregation, .trainable = trainable};
+}
+
+std::optional<DType> optional_dtype(const py::object& dtype) {
+  if (dtype.is_none()) return std::nullopt;
+  return dtype_from_python(dtype);
+}
+
+// The variable's writes take a value converted to its dtype; in a replica
+// context they may wait for the other replicas (an aggregation's merge_call).
+template <class Write>
+void write_variable(Variable& v, const py::object& value, const Write& write) {
+  const Tensor t = to_tensor(value, v.dtype());
+  py::gil_scoped_release release;
+  write(v, t);
+}
+
+void bind_variable_enums(py::module_& m) {
+  py::enum_<VariableSynchronization>(m, "VariableSynchronization")
+      .value("AUTO", VariableSynchronization::kAuto)
+      .value("NONE", VariableSynchronization::kNone)
+      .value("ON_WRITE", VariableSynchronization::kOnWrite)
+      .value("ON_READ", VariableSynchronization::kOnRead);
+  py::enum_<VariableAggregation>(m, "VariableAggregation")
+      .value("NONE", VariableAggregation::kNone)
+      .value("SUM", VariableAggregation::kSum)
+      .value("MEAN", VariableAggregation::kMean)
+      .value("ONLY_FIRST_REPLICA", VariableAggregation::kOnlyFirstReplica);
+}
+
+void bind_variables(py::module_& m) {
+  py::class_<Variable>(m, "Variable", "A variable: under a strategy's scope(), one component per replica.")
+      .def(py::init([](const py::object& initial_value, const py::object& dtype, std::string name,
+                       VariableSynchronization synchronization, VariableAggregation aggregation,
+                       std::optional<bool> trainable) {
+             return Variable(to_tensor(initial_value, optional_dtype(dtype)),
+                             variable_options(std::move(name), synchronization, aggregation, trainable));
+           }),
+           py::arg("initial_value"), py::arg("dtype") = py::none(), py::arg("name") = "",
+           py::arg("synchronization") = VariableSynchronization::kAuto,
+           py::arg("aggregation") = VariableAggregation::kNone, py::arg("trainable") = py::none())
+      .def_property_readonly("name", &Variable::name)
+      .def_property_readonly("dtype", &Variable::dtype)
+      .def_property_readonly("shape",
+                             [](const Variable& v) {
+                               py::tuple s(v.shape().rank());
+                               for (int i = 0; i < v.shape().rank(); ++i) s[i] = v.shape()[i];
+                               return s;
+                             })
+      .def_property_readonly("synchronization", &Variable::synchronization)
+      .def_property_readonly("aggregation", &Variable::aggregation)
+      .def_property_readonly("trainable", &Variable::trainable)
+      .def_property_readonly("values", &Variable::values, "The components, one per local replica.")
+      .def("value", &Variable::value, py::call_guard<py::gil_scoped_release>())
+      .def("read_value", &Variable::read_value, py::call_guard<py::gil_scoped_release>())
+      .def("numpy", [](const Variable& v) { return py::cast(v.read_value()).attr("numpy")(); })
+      .def(
+          "__array__",
+          [](const Variable& v, const py::object& dtype) { return py::cast(v.read_value()).attr("__array__")(dtype); },
+          py::arg("dtype") = py::none())
+      .def("assign",
+           [](Variable& v, const py::object& value) {
+             write_variable(v, value, [](Variable& var, const Tensor& t) { var.assign(t); });
+           })
+      .def("assign_add",
+           [](Variable& v, const py::object& value) {
+             write_variable(v, value, [](Variable& var, const Tensor& t) { var.assign_add(t); });
+           })
+      .def("assign_sub",
+           [](Variable& v, const py::object& value) {
+             write_variable(v, value, [](Variable& var, const Tensor& t) { var.assign_sub(t); });
+           })
+      .def("__repr__", &Variable::repr);
+  py::class_<MirroredVariable, Variable>(m, "MirroredVariable")
+      .def(py::init([](const py::object& initial_value, const py::object& dtype, std::string name,
+                       VariableAggregation aggregation, std::optional<bool> trainable) {
+             return MirroredVariable(
+                 to_tensor(initial_value, optional_dtype(dtype)),
+                 variable_options(std::move(name), VariableSynchronization::kOnWrite, aggregation, trainable));
+           }),
+           py::arg("initial_value"), py::arg("dtype") = py::none(), py::arg("name") = "",
+           py::arg("aggregation") = VariableAggregation::kNone, py::arg("trainable") = py::none());
+  py::class_<SyncOnReadVariable, Variable>(m, "SyncOnReadVariable")
+      .def(py::init([](const py::object& initial_value, const py::object& dtype, std::string name,
+                       VariableAggregation aggregation, std::optional<bool> trainable) {
+             return SyncOnReadVariable(
+                 to_tensor(initial_value, optional_dtype(dtype)),
+                 variable_options(std::move(name), VariableSynchronization::kOnRead, aggregation, trainable));
+           }),
+           py::arg("initial_value"), py::arg("dtype") = py::none(), py::arg("name") = "",
+           py::arg("aggregation") = VariableAggregation::kSum, py::arg("trainable") = py::none());
+}
+
+void bind_optimizers(py::module_& m) {
+  py::class_<Optimizer>(m, "Optimizer", "The base of SGD and Adam.")
+      .def_property_readonly("name", [](const Optimizer& o) { return std::string(o.name()); })
+      .def_property_readonly("iterations", &Optimizer::iterations)
+      .def(
+          "apply_gradients",
+          [](Optimizer& o, const py::iterable& grads_and_vars, const py::object& options) {
+            std::vector<GradientAndVariable> pairs;
+            for (py::handle pair : grads_and_vars) {
+              auto [grad, var] = pair.cast<std::pair<py::object, Variable>>();
+              pairs.emplace_back(to_tensor(grad, var.dtype()), var);
+            }
+            const CommunicationOptions opts =
+                options.is_none() ? CommunicationOptions{} : options.cast<CommunicationOptions>();
+            py::gil_scoped_release release;
+            o.apply_gradients(pairs, opts);
+          },
+          py::arg("grads_and_vars"), py::arg("options") = py::none(),
+          "One step: in a replica context, the gradients are all-reduced (one merge_call) and every variable "
+          "updated once.")
+      .def("get_slot", &Optimizer::get_slot);
+  py::class_<SGD, Optimizer>(m, "SGD").def(
+      py::init([](double learning_rate, double momentum, bool nesterov) {
+        return std::make_unique<SGD>(
+            SGD::Options{.learning_rate = learning_rate, .momentum = momentum, .nesterov = nesterov});
+      }),
+      py::arg("learning_rate") = 0.01, py::arg("momentum") = 0.0, py::arg("nesterov") = false);
+  py::class_<Adam, Optimizer>(m, "Adam").def(
+      py::init([](double learning_rate, double beta_1, double beta_2, double epsilon) {
+        return std::make_unique<Adam>(
+            Adam::Options{.learning_rate = learning_rate, .beta_1 = beta_1, .beta_2 = beta_2, .epsilon = epsilon});
+      }),
+      py::arg("learning_rate") = 0.001, py::arg("beta_1") = 0.9, py::arg("beta_2") = 0.999, py::arg("epsilon") = 1e-7);
+}
+
+// A Python callable returning the next batch (a nest) or None at the end, as
+// the library's BatchFn. It may be called on any thread: it takes the GIL.
+BatchFn batch_fn_of(const py::object& next_batch) {
+  return [next = PyHandle(next_batch)]() -> std::optional<Nest<Tensor>> {
+    py::gil_scoped_acquire gil;
+    py::object batch = next.get()();
+    if (batch.is_none()) return std::nullopt;
+    return to_nest(batch);
+  };
+}
+
+void bind_datasets(py::module_& m) {
+  py::class_<InputContext>(m, "InputContext")
+      .def(py::init<int, int, int>(), py::arg("num_input_pipelines") = 1, py::arg("input_pipeline_id") = 0,
+           py::arg("num_replicas_in_sync") = 1)
+      .def_property_readonly("num_input_pipelines", &InputContext::num_input_pipelines)
+      .def_property_readonly("input_pipeline_id", &InputContext::input_pipeline_id)
+      .def_property_readonly("num_replicas_in_sync", &InputContext::num_replicas_in_sync)
+      .def("get_per_replica_batch_size", &InputContext::get_per_replica_batch_size)
+      .def("__repr__", &InputContext::to_string);
+  py::class_<DistributedDataset>(m, "_DistributedDataset").def("_next", [](DistributedDataset& d) -> py::object {
+    std::optional<PerReplica<Nest<Tensor>>> batch;
+    {
+      py::gil_scoped_release release;
+      batch = d.get_next();
+    }
+    if (!batch) return py::none();
+    py::list per_replica;
+    for (const Nest<Tensor>& n : batch->values()) per_replica.append(from_nest(n));
+    return per_replica;
+  });
+  py::class_<Strategy> strategy = py::reinterpret_borrow<py::class_<Strategy>>(m.attr("Strategy"));
+  strategy
+      .def("_distribute_dataset",
+           [](Strategy& s, const py::object& next_batch, std::int64_t global_batch_size) {
+             BatchFn batches = batch_fn_of(next_batch);
+             py::gil_scoped_release release;
+             return s.experimental_distribute_dataset(std::move(batches), global_batch_size);
+           })
+      .def("_datasets_from_function", [](Strategy& s, const py::function& pipeline_fn) {
+        // pipeline_fn(input_context) gives that pipeline's next-batch callable.
+        auto dataset_fn = [fn = PyHandle(pipeline_fn)](const InputContext& c) {
+          py::gil_scoped_acquire gil;
+          return batch_fn_of(fn.get()(c));
+        };
+        py::gil_scoped_release release;
+        return s.distribute_datasets_from_function(dataset_fn);
+      });
+}
+
+}  // namespace
+
+void bind_training(py::module_& m) {
+  bind_variable_enums(m);
+  bind_variables(m);
+  bind_optimizers(m);
+  bind_datasets(m);
+}
+
+}  // namespace distribute::python
