@@ -2,6 +2,7 @@
 
 #include <pybind11/numpy.h>
 
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -66,6 +67,37 @@ Tensor bfloat16_from(const py::array& array) {
   return internal::make_constant(DType::kBFloat16, Shape(dims), values.data());
 }
 
+// Copies from numpy at least this large release the GIL.
+constexpr py::ssize_t kCopyWithoutGilBytes = py::ssize_t{64} * 1024;
+
+// The DType of a numpy array's elements, when the library has one and they
+// are in this machine's byte order ('=' native, '|' single bytes, '<' on x86).
+std::optional<DType> dtype_of_array(const py::array& array) {
+  const py::dtype d = array.dtype();
+  const char order = d.byteorder();
+  if (order != '=' && order != '|' && order != (std::endian::native == std::endian::little ? '<' : '>'))
+    return std::nullopt;
+  const auto size = d.itemsize();
+  switch (d.kind()) {
+    case 'b': return DType::kBool;
+    case 'f':
+      return size == 2   ? DType::kFloat16
+             : size == 4 ? DType::kFloat32
+             : size == 8 ? DType::kFloat64
+                         : std::optional<DType>();
+    case 'u': return size == 1 ? std::optional<DType>(DType::kUInt8) : std::nullopt;
+    case 'i':
+      switch (size) {
+        case 1: return DType::kInt8;
+        case 2: return DType::kInt16;
+        case 4: return DType::kInt32;
+        case 8: return DType::kInt64;
+        default: return std::nullopt;
+      }
+    default: return std::nullopt;
+  }
+}
+
 }  // namespace
 
 Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
@@ -76,6 +108,20 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
                                  " for a Tensor with dtype " + std::string(to_string(t.dtype())));
     }
     return t;
+  }
+  if (py::isinstance<py::array>(value)) {
+    // The common case, without a Python call: a row-major array of a dtype
+    // the library has, converted to nothing else; one copy.
+    const auto array = py::reinterpret_borrow<py::array>(value);
+    const std::optional<DType> own = dtype_of_array(array);
+    if (own && (!dtype || *dtype == *own) && (array.flags() & py::array::c_style) != 0) {
+      const Shape shape(std::vector<std::int64_t>(array.shape(), array.shape() + array.ndim()));
+      if (array.nbytes() < kCopyWithoutGilBytes) return internal::make_constant(*own, shape, array.data());
+      // A large copy lets the other replicas run Python meanwhile; `array`
+      // holds the memory it reads.
+      py::gil_scoped_release release;
+      return internal::make_constant(*own, shape, array.data());
+    }
   }
   if (py::isinstance<Variable>(value)) return to_tensor(py::cast(value.cast<const Variable&>().read_value()), dtype);
   if (value.is_none() || py::isinstance<py::str>(value) || py::isinstance<py::bytes>(value)) {
@@ -109,8 +155,10 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
   }
   if (target == DType::kBFloat16) return bfloat16_from(array);
   const py::dtype want = numpy_dtype(target);
-  // astype(order="C"): a compact row-major copy that keeps a 0-d array 0-d.
-  py::array converted = array.attr("astype")(want, py::arg("order") = "C");
+  // One copy only (make_constant's): an array already of the dtype and
+  // row-major goes as it is; astype(order="C") keeps a 0-d array 0-d.
+  const bool as_is = array.dtype().equal(want) && (array.flags() & py::array::c_style) != 0;
+  py::array converted = as_is ? array : py::array(array.attr("astype")(want, py::arg("order") = "C"));
   if (!is_floating(target)) {
     // Integers and bools hold only what they can: 1.5 or 300 as int8 is refused.
     const bool exact = np.attr("array_equal")(converted.attr("astype")(array.dtype()), array).cast<bool>();

@@ -2,6 +2,7 @@
 // functions written in Python run on the strategy's replica threads: each
 // takes the GIL to run Python and every collective, wait and C++ computation
 // gives it back, so replicas whose work is numpy or BLAS run side by side.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <cctype>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -84,9 +86,63 @@ unsigned long main_thread_ident() {   // NOLINT(google-runtime-int): Python's ty
   return ident;
 }
 
+// A replica's thread (the strategy's pool, the main thread's runner) keeps its
+// Python thread state from one run to the next instead of making one each
+// time it takes the GIL. It is the interpreter's to free when the thread has
+// ended (one per thread, a few hundred bytes).
+void keep_thread_state(py::gil_scoped_acquire& gil) {
+  thread_local bool kept = false;
+  if (!kept) {
+    gil.inc_ref();
+    kept = true;
+  }
+}
+
+// The thread that runs a run for Python's main thread (see interruptible):
+// one, kept for the process, so that a run does not pay for a new thread.
+class MainThreadRunner {
+ public:
+  static MainThreadRunner& get() {
+    static auto* runner = new MainThreadRunner;  // never destroyed: its thread may outlive static destructors
+    return *runner;
+  }
+  // Starts job() on the runner thread; wait_for() tells when it has returned.
+  void start(std::function<void()> job) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    job_ = std::move(job);
+    done_ = false;
+    cv_.notify_all();
+  }
+  bool wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, timeout, [&] { return done_; });
+  }
+
+ private:
+  MainThreadRunner() {
+    std::thread([this] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      for (;;) {
+        cv_.wait(lock, [&] { return job_ != nullptr; });
+        std::function<void()> job = std::move(job_);
+        job_ = nullptr;
+        lock.unlock();
+        job();  // catches everything itself
+        lock.lock();
+        done_ = true;
+        cv_.notify_all();
+      }
+    }).detach();
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool done_ = true;
+};
+
 // Runs `run` (a Strategy::run) so that Ctrl-C stops it. Python handles a
 // signal only on its main thread, between bytecodes; so there the run goes to
-// a helper thread, and this one waits with the GIL released, looking for
+// the runner thread, and this one waits with the GIL released, looking for
 // signals every 20 ms. A KeyboardInterrupt (or any exception a handler
 // raises) cancels the run (Strategy::cancel_run: replicas waiting in a
 // collective get CancelledError at once, the others at their next one) and
@@ -100,42 +156,28 @@ auto interruptible(Strategy& s, const Run& run) -> decltype(run()) {
     return run();
   }
   Strategy* const entered = get_cross_replica_context();  // a `with scope():` goes along
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
   std::optional<Result> result;
   std::exception_ptr error;
-  std::thread runner;
-  {
-    py::gil_scoped_release release;
-    runner = std::thread([&] {
-      try {
-        std::optional<StrategyScope> scope;
-        if (entered != nullptr) scope.emplace(entered->scope());
-        result.emplace(run());
-      } catch (...) {
-        error = std::current_exception();
-      }
-      const std::lock_guard<std::mutex> lock(mutex);
-      done = true;
-      cv.notify_all();
-    });
-  }
+  MainThreadRunner& runner = MainThreadRunner::get();
+  runner.start([&] {
+    try {
+      std::optional<StrategyScope> scope;
+      if (entered != nullptr) scope.emplace(entered->scope());
+      result.emplace(run());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
   bool interrupted = false;
   for (;;) {
     {
       py::gil_scoped_release release;
-      std::unique_lock<std::mutex> lock(mutex);
-      if (cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; })) break;
+      if (runner.wait_for(std::chrono::milliseconds(20))) break;
     }
     if (!interrupted && PyErr_CheckSignals() != 0) {
       interrupted = true;  // the exception stays set on this thread until raised below
       s.cancel_run("the Python main thread was interrupted (KeyboardInterrupt)");
     }
-  }
-  {
-    py::gil_scoped_release release;
-    runner.join();
   }
   if (interrupted) throw py::error_already_set();
   if (error) std::rethrow_exception(error);
@@ -222,6 +264,7 @@ void bind_strategies(py::module_& m) {
           [](Strategy& s, const py::function& replica_fn, bool call_for_each_replica) {
             auto body = [&replica_fn](ReplicaContext& ctx) {
               py::gil_scoped_acquire gil;
+              keep_thread_state(gil);
               return PyHandle(replica_fn(ctx.local_replica_id()));
             };
             // The two differ in the API their errors name (and TF's checks).
@@ -385,6 +428,27 @@ void bind_context_functions(py::module_& m) {
   m.def("get_strategy", [] { return python_strategy(get_strategy()); });
   m.def("has_strategy", &has_strategy);
   m.def("_gpus_visible", [] { return !list_physical_devices("GPU").empty(); });
+  m.def(
+      "_time_cpp_all_reduce",
+      [](Strategy& s, std::int64_t elements, int iterations, bool fresh_input) {
+        double seconds = 0;
+        py::gil_scoped_release release;
+        s.run([&](ReplicaContext& ctx) {
+          const Tensor value(DType::kFloat32, Shape{elements});
+          ctx.all_reduce(ReduceOp::kSum, value);  // warm: buffers, memo
+          const auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < iterations; ++i) {
+            ctx.all_reduce(ReduceOp::kSum, fresh_input ? value.clone() : value);
+          }
+          if (ctx.local_replica_id() == 0) {
+            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+          }
+        });
+        return seconds;
+      },
+      py::arg("strategy"), py::arg("elements"), py::arg("iterations"), py::arg("fresh_input") = false,
+      "Seconds per float32 all_reduce of `elements`, the loop written in C++ (bench/python_bench.py compares "
+      "the same loop in Python with it).");
 }
 
 // extended: the cross-replica reductions to destinations. Python hands the
@@ -446,6 +510,12 @@ void bind_extended(py::module_& m) {
 }  // namespace
 
 void bind_strategy(py::module_& m) {
+  // Function-local statics that call into Python are made now, on the
+  // importing thread: made later on a replica thread, one waiting for the
+  // GIL inside the static's guard deadlocks another holding the GIL at the
+  // guard. (pybind11's numpy API is one of them.)
+  main_thread_ident();
+  py::detail::npy_api::get();
   bind_extended(m);
   bind_options(m);
   bind_strategies(m);
