@@ -14,6 +14,7 @@ Replica functions run on the strategy's replica threads, side by side: every
 collective and C++ computation releases the GIL. See docs/python.md.
 """
 
+from . import _distribute as _distribute_module
 from . import errors
 from ._distribute import (
     SGD,
@@ -59,6 +60,19 @@ from ._distribute import bool as bool_  # `bool` would hide the builtin here
 from ._values import DistributedValues, Mirrored, PerReplica, map_structure, regroup, select_replica
 
 globals()["bool"] = bool_  # distribute.bool, as tf.bool
+
+if hasattr(_distribute_module, "MultiWorkerMirroredStrategy"):
+    MultiWorkerMirroredStrategy = _distribute_module.MultiWorkerMirroredStrategy
+else:
+
+    class MultiWorkerMirroredStrategy:
+        """Stands in where distribute was built without MPI."""
+
+        def __init__(self, *args, **kwargs):
+            raise errors.UnimplementedError(
+                "MultiWorkerMirroredStrategy: this build of distribute has no MPI backend "
+                "(install libopenmpi-dev and build again)"
+            )
 
 
 def convert_to_tensor(value, dtype=None):
@@ -314,6 +328,7 @@ __all__ = [
     "DistributedDataset",
     "InputContext",
     "MirroredVariable",
+    "MultiWorkerMirroredStrategy",
     "Optimizer",
     "SGD",
     "StrategyExtended",

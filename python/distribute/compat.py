@@ -42,6 +42,7 @@ def function(fn=None, **unused_options):
 distribute = types.SimpleNamespace(
     MirroredStrategy=_ds.MirroredStrategy,
     OneDeviceStrategy=_ds.OneDeviceStrategy,
+    MultiWorkerMirroredStrategy=_ds.MultiWorkerMirroredStrategy,
     Strategy=_ds.Strategy,
     ReplicaContext=_ds.ReplicaContext,
     ReduceOp=_ds.ReduceOp,

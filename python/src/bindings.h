@@ -5,9 +5,10 @@
 
 namespace distribute::python {
 
-void bind_errors(pybind11::module_& m);    // module.cc: C++ errors as distribute.errors classes
-void bind_tensor(pybind11::module_& m);    // tensor_bindings.cc: DType, Tensor, constant, DLPack
-void bind_strategy(pybind11::module_& m);  // strategy_bindings.cc: strategies, contexts, collectives
-void bind_training(pybind11::module_& m);  // training_bindings.cc: variables, optimizers, datasets
+void bind_errors(pybind11::module_& m);        // module.cc: C++ errors as distribute.errors classes
+void bind_tensor(pybind11::module_& m);        // tensor_bindings.cc: DType, Tensor, constant, DLPack
+void bind_strategy(pybind11::module_& m);      // strategy_bindings.cc: strategies, contexts, collectives
+void bind_training(pybind11::module_& m);      // training_bindings.cc: variables, optimizers, datasets
+void bind_multi_worker(pybind11::module_& m);  // multi_worker_bindings.cc, with MPI only
 
 }  // namespace distribute::python

@@ -3,7 +3,9 @@
 #include <pybind11/numpy.h>
 
 #include <bit>
+#include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -190,6 +192,24 @@ Nest<Tensor> to_nest(py::handle value) {
     return Nest<Tensor>::dict(std::move(items));
   }
   return Nest<Tensor>(to_tensor(value));
+}
+
+// DISTRIBUTE_GPUS_AS_CPUS=1, where no GPU is visible, runs "GPU:k" (in any
+// of TF's spellings) on "CPU:k", so that the seed's examples run anywhere.
+// With GPUs, or without the variable, GPU names go to the library as written.
+std::vector<std::string> map_gpu_names(std::vector<std::string> devices) {
+  const char* flag = std::getenv("DISTRIBUTE_GPUS_AS_CPUS");
+  if (flag == nullptr || std::string(flag) != "1" || !list_physical_devices("GPU").empty()) return devices;
+  for (std::string& d : devices) {
+    for (std::size_t i = 0; i + 4 <= d.size(); ++i) {
+      if (std::toupper(static_cast<unsigned char>(d[i])) == 'G' &&
+          std::toupper(static_cast<unsigned char>(d[i + 1])) == 'P' &&
+          std::toupper(static_cast<unsigned char>(d[i + 2])) == 'U' && d[i + 3] == ':') {
+        d.replace(i, 3, "CPU");
+      }
+    }
+  }
+  return devices;
 }
 
 py::object from_nest(const Nest<Tensor>& nest) {

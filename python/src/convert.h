@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "distribute/distribute.h"
 
@@ -46,6 +47,10 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype = std::nullopt);
 // A nest of tensors from lists, tuples and dicts (string keys) of values
 // to_tensor takes; and back, as lists, tuples and dicts of Tensors.
 Nest<Tensor> to_nest(py::handle value);
+
+// Devices as the user named them, except that with DISTRIBUTE_GPUS_AS_CPUS=1
+// and no GPU visible, "GPU:k" (in any of TF's spellings) becomes "CPU:k".
+std::vector<std::string> map_gpu_names(std::vector<std::string> devices);
 py::object from_nest(const Nest<Tensor>& nest);
 
 }  // namespace distribute::python

@@ -46,4 +46,7 @@ PYBIND11_MODULE(_distribute, m) {
   distribute::python::bind_tensor(m);
   distribute::python::bind_strategy(m);
   distribute::python::bind_training(m);
+#ifdef DIST_PYTHON_HAVE_MPI
+  distribute::python::bind_multi_worker(m);
+#endif
 }

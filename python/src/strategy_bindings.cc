@@ -46,24 +46,6 @@ bool is_structure(const py::handle& value) {
   return py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value) || py::isinstance<py::dict>(value);
 }
 
-// DISTRIBUTE_GPUS_AS_CPUS=1, where no GPU is visible, runs "GPU:k" (in any
-// of TF's spellings) on "CPU:k", so that the seed's examples run anywhere.
-// With GPUs, or without the variable, GPU names go to the library as written.
-std::vector<std::string> map_gpu_names(std::vector<std::string> devices) {
-  const char* flag = std::getenv("DISTRIBUTE_GPUS_AS_CPUS");
-  if (flag == nullptr || std::string(flag) != "1" || !list_physical_devices("GPU").empty()) return devices;
-  for (std::string& d : devices) {
-    for (std::size_t i = 0; i + 4 <= d.size(); ++i) {
-      if (std::toupper(static_cast<unsigned char>(d[i])) == 'G' &&
-          std::toupper(static_cast<unsigned char>(d[i + 1])) == 'P' &&
-          std::toupper(static_cast<unsigned char>(d[i + 2])) == 'U' && d[i + 3] == ':') {
-        d.replace(i, 3, "CPU");
-      }
-    }
-  }
-  return devices;
-}
-
 // `with strategy.scope():` as a Python context manager.
 struct ScopeGuard {
   Strategy* strategy;

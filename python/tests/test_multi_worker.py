@@ -1,0 +1,56 @@
+"""MultiWorkerMirroredStrategy from Python: run by ctest as
+mpirun -np 2 python3 -m pytest python/tests/test_multi_worker.py
+(each worker runs every test, in the same order)."""
+
+import numpy as np
+import pytest
+
+import distribute as ds
+from distribute import _distribute
+
+launched = hasattr(_distribute, "_started_by_launcher") and _distribute._started_by_launcher()
+pytestmark = pytest.mark.skipif(not launched, reason="needs an MPI launcher: mpirun -np 2 python3 -m pytest ...")
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return ds.MultiWorkerMirroredStrategy(
+        ["CPU:0", "CPU:1"], communication_options=ds.CommunicationOptions(timeout_seconds=30)
+    )
+
+
+def test_shape_of_the_cluster(strategy):
+    assert strategy.num_workers == 2
+    assert strategy.num_replicas_in_sync == 4 and strategy._num_local_replicas == 2
+
+
+def test_all_reduce_and_all_gather_span_the_workers(strategy):
+    def fn():
+        ctx = ds.get_replica_context()
+        rid = int(ctx.replica_id_in_sync_group)
+        return ctx.all_reduce("sum", float(rid)), ctx.all_gather(np.array([rid], dtype=np.int32), axis=0)
+
+    for total, gathered in strategy.experimental_local_results(strategy.run(fn)):
+        assert float(total) == 6.0
+        assert gathered.numpy().tolist() == [0, 1, 2, 3]
+    ids = strategy.run(lambda: ds.get_replica_context().replica_id_in_sync_group)
+    first = 2 * strategy.worker_rank
+    assert [int(v) for v in ids.values] == [first, first + 1]
+
+
+def test_reduce_across_workers(strategy):
+    values = strategy.run(lambda: ds.constant([1.0, 2.0]))
+    assert strategy.reduce("sum", values, axis=None).numpy().tolist() == [4.0, 8.0]
+
+
+def test_a_mismatch_on_one_worker_raises_on_every_worker(strategy):
+    def fn():
+        ctx = ds.get_replica_context()
+        size = 3 if int(ctx.replica_id_in_sync_group) == 3 else 2
+        return ctx.all_reduce("sum", np.ones(size, dtype=np.float32))
+
+    with pytest.raises(ds.errors.InvalidArgumentError, match="shape"):
+        strategy.run(fn)
+    # The strategy works again afterwards.
+    out = strategy.run(lambda: ds.get_replica_context().all_reduce("sum", 1.0))
+    assert [float(v) for v in out.values] == [4.0, 4.0]
