@@ -314,6 +314,39 @@ def _call_for_each_replica(self, fn, args=(), kwargs=None):
     return regroup(self._strategy._run_replicas(replica_fn, True))
 
 
+def _has_distributed(value):
+    found = []
+    map_structure(lambda v: found.append(isinstance(v, DistributedValues)), value)
+    return any(found)
+
+
+def _update(self, var, fn, args=(), kwargs=None, group=True):
+    """fn(component, *args, **kwargs) on every component of `var`, as TF's:
+    the component has read_value(), numpy(), assign(), assign_add() and
+    assign_sub(). In a replica context, one merge_call and every component
+    updated once with its replica's arguments. A Mirrored of fn's results
+    (each replica's own in a replica context; group=False: a tuple)."""
+    kwargs = {} if kwargs is None else kwargs
+    if _has_distributed((args, kwargs)):
+        n = len(var.values)
+        payloads = [(select_replica(i, tuple(args)), select_replica(i, kwargs)) for i in range(n)]
+        results = self._update(var, lambda c, p: fn(c, *p[0], **p[1]), payloads, True)
+    else:
+        results = self._update(var, lambda c, p: fn(c, *p[0], **p[1]), (tuple(args), kwargs), False)
+    if _in_a_strategys_replica():
+        local = get_replica_context()._local_replica_id
+        return results[local]
+    if not group:
+        return tuple(results)
+    return regroup(results) if len(results) > 1 else results[0]
+
+
+def _in_a_strategys_replica():
+    ctx = get_replica_context()
+    return ctx is not None and not ctx.strategy._is_default
+
+
+StrategyExtended.update = _update
 StrategyExtended.reduce_to = _reduce_to
 StrategyExtended.batch_reduce_to = _batch_reduce_to
 StrategyExtended.broadcast_to = _broadcast_to

@@ -111,6 +111,73 @@ void bind_variables(py::module_& m) {
            py::arg("aggregation") = VariableAggregation::kSum, py::arg("trainable") = py::none());
 }
 
+// What fn sees of one component in extended.update(var, fn): valid inside
+// that call of fn only. Writes replace the component (as TF's assign on the
+// component variable does); the library checks its dtype and shape after fn.
+struct UpdateComponent {
+  Tensor* component = nullptr;
+  Tensor& get() const {
+    if (component == nullptr) {
+      throw FailedPreconditionError(
+          "update: a component is only fn's to read and write while fn runs; this one is used after its call");
+    }
+    return *component;
+  }
+};
+
+// component <- op(component, value), computed by numpy (fn's arithmetic).
+void write_component(const UpdateComponent& c, const py::object& value, const char* numpy_op) {
+  Tensor& t = c.get();
+  py::object current = py::cast(t).attr("numpy")();
+  py::object next = numpy_op == nullptr ? value
+                                        : py::module_::import("numpy").attr(numpy_op)(
+                                              current, py::module_::import("numpy").attr("asarray")(value));
+  t = to_tensor(next, t.dtype());
+}
+
+void bind_update(py::module_& m) {
+  py::class_<UpdateComponent>(m, "_UpdateComponent")
+      .def_property_readonly("dtype", [](const UpdateComponent& c) { return c.get().dtype(); })
+      .def_property_readonly("device", [](const UpdateComponent& c) { return c.get().device(); })
+      .def("read_value", [](const UpdateComponent& c) { return c.get(); })
+      .def("value", [](const UpdateComponent& c) { return c.get(); })
+      .def("numpy", [](const UpdateComponent& c) { return py::cast(c.get()).attr("numpy")(); })
+      .def("assign", [](const UpdateComponent& c, const py::object& v) { write_component(c, v, nullptr); })
+      .def("assign_add", [](const UpdateComponent& c, const py::object& v) { write_component(c, v, "add"); })
+      .def("assign_sub", [](const UpdateComponent& c, const py::object& v) { write_component(c, v, "subtract"); });
+  py::class_<StrategyExtended> extended =
+      py::reinterpret_borrow<py::class_<StrategyExtended>>(m.attr("StrategyExtended"));
+  extended.def("_update", [](StrategyExtended& e, Variable& var, const py::function& fn, const py::object& payloads,
+                             bool per_replica) {
+    // fn(component, payload) -> result; payload is this component's
+    // (args, kwargs): one for every component, or one per replica.
+    auto call = [&fn](Tensor& component, const PyHandle& payload) {
+      py::gil_scoped_acquire gil;
+      py::object view = py::cast(UpdateComponent{&component});
+      auto* held = view.cast<UpdateComponent*>();  // the copy the Python object holds
+      struct Invalidate {
+        UpdateComponent* held;
+        ~Invalidate() { held->component = nullptr; }
+      } invalidate{held};
+      return PyHandle(fn(view, payload.get()));
+    };
+    std::vector<PyHandle> given;
+    if (per_replica) {
+      for (py::handle p : payloads) given.emplace_back(py::reinterpret_borrow<py::object>(p));
+    }
+    const PyHandle shared(payloads);
+    std::vector<PyHandle> results;
+    {
+      py::gil_scoped_release release;
+      results = per_replica ? e.update(var, call, PerReplica<PyHandle>(std::move(given))).values()
+                            : e.update(var, call, shared).values();
+    }
+    py::list out;
+    for (const PyHandle& r : results) out.append(r.get());
+    return out;
+  });
+}
+
 void bind_optimizers(py::module_& m) {
   py::class_<Optimizer>(m, "Optimizer", "The base of SGD and Adam.")
       .def_property_readonly("name", [](const Optimizer& o) { return std::string(o.name()); })
@@ -201,6 +268,7 @@ void bind_datasets(py::module_& m) {
 void bind_training(py::module_& m) {
   bind_variable_enums(m);
   bind_variables(m);
+  bind_update(m);
   bind_optimizers(m);
   bind_datasets(m);
 }

@@ -95,3 +95,29 @@ def test_extended_reduce_to_batch_and_broadcast(strategy):
 def test_call_for_each_replica(strategy):
     out = strategy.extended.call_for_each_replica(lambda x: x + replica_id(), args=(10,))
     assert out.values == (10, 11)
+
+
+def test_extended_update_in_both_contexts(strategy):
+    with strategy.scope():
+        v = ds.Variable([1.0, 2.0], name="v")
+    out = strategy.extended.update(v, lambda c, x: c.assign_add(x), args=(1.0,))
+    assert out is None  # fn returned nothing on every component
+    assert [c.numpy().tolist() for c in v.values] == [[2.0, 3.0], [2.0, 3.0]]
+    # A PerReplica argument: each component its own replica's value.
+    per_replica = strategy.run(lambda: ds.constant([float(replica_id()), 0.0]))
+    strategy.extended.update(v, lambda c, x: c.assign(x), args=(per_replica,))
+    assert [c.numpy().tolist() for c in v.values] == [[0.0, 0.0], [1.0, 0.0]]
+
+    # In a replica context: one merge_call; every component updated once, with
+    # its replica's argument, and each replica gets its own component's result.
+    def step():
+        return strategy.extended.update(v, lambda c, x: (c.assign_sub(x), float(c.read_value()[0]))[1], args=(1.0,))
+
+    assert strategy.run(step).values == (-1.0, 0.0)
+
+    kept = []
+    strategy.extended.update(v, lambda c: kept.append(c))
+    with pytest.raises(ds.errors.FailedPreconditionError, match="while fn runs"):
+        kept[0].read_value()
+    with pytest.raises(ds.errors.OpError):
+        strategy.extended.update(v, lambda c: c.assign([1.0, 2.0, 3.0]))  # another shape
