@@ -1,12 +1,12 @@
 // The process's devices: listing, logical configuration, the fixed layout.
 #include "core/device_registry.h"
 
-#include <cctype>
 #include <cstdlib>
 #include <ostream>
 #include <string>
 #include <utility>
 
+#include "core/ascii_case.h"
 #include "core/whole_number.h"
 #include "distribute/errors.h"
 
@@ -19,14 +19,10 @@ constexpr std::size_t kMaxLogicalPerGpu = 64;
 constexpr const char* kLogicalGpusEnv = "DISTRIBUTE_LOGICAL_GPUS";
 constexpr const char* kCpuPhysical = "/physical_device:CPU:0";
 
-std::string upper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
-}
-
 // Whether `type` (any case; empty: every type) selects devices of `kind`.
-bool selects(std::string_view type, std::string_view kind) { return type.empty() || upper(type) == kind; }
+bool selects(std::string_view type, std::string_view kind) {
+  return type.empty() || internal::ascii_upper(type) == kind;
+}
 
 std::string logical_name(std::string_view kind, int index) {
   return "/job:localhost/replica:0/task:0/device:" + std::string(kind) + ":" + std::to_string(index);
@@ -225,8 +221,8 @@ LogicalGpu DeviceRegistry::logical_gpu(int index, std::string_view device) {
   return logical_gpus_[static_cast<std::size_t>(index)];
 }
 
-std::string DeviceRegistry::describe_gpu(int index) {
-  const LogicalGpu g = logical_gpu(index, "GPU:" + std::to_string(index));
+std::string DeviceRegistry::describe_gpu(int index, std::string_view device) {
+  const LogicalGpu g = logical_gpu(index, device);
   const PhysicalGpu& gpu = probe_.gpus[static_cast<std::size_t>(g.physical)];
   return "GPU:" + std::to_string(index) + " (" + gpu.name + ", physical GPU " + std::to_string(g.physical) + ", " +
          megabytes(g.memory_limit_bytes) + ")";

@@ -57,8 +57,9 @@ class DeviceRegistry {
   // Logical GPU `index`, named `device` by the user; InvalidArgumentError
   // naming the GPUs there are (or why there are none) if it is not one.
   LogicalGpu logical_gpu(int index, std::string_view device);
-  // "GPU:1 (NVIDIA H200, physical GPU 0, 4096 MB)": for messages.
-  std::string describe_gpu(int index);
+  // "GPU:1 (NVIDIA H200, physical GPU 0, 4096 MB)": for messages. A GPU that
+  // is not there is logical_gpu's InvalidArgumentError, naming `device`.
+  std::string describe_gpu(int index, std::string_view device);
 
  private:
   // Index into probe_.gpus of a listed GPU, -1 for the CPU; throws for others.

@@ -1,9 +1,9 @@
 #include "distribute/options.h"
 
-#include <cctype>
 #include <cstdio>
 #include <string>
 
+#include "core/ascii_case.h"
 #include "distribute/errors.h"
 #include "distribute/reduce_op.h"
 
@@ -15,11 +15,6 @@ std::string seconds_text(double seconds) {
   return text;
 }
 
-std::string upper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
-}
 }  // namespace
 
 std::string_view to_string(CommunicationImplementation impl) {
@@ -32,7 +27,7 @@ std::string_view to_string(CommunicationImplementation impl) {
 }
 
 CommunicationImplementation communication_implementation_from_string(std::string_view name) {
-  const std::string u = upper(name);
+  const std::string u = internal::ascii_upper(name);
   if (u == "AUTO") return CommunicationImplementation::kAuto;
   if (u == "RING") return CommunicationImplementation::kRing;
   if (u == "NCCL") return CommunicationImplementation::kNccl;
@@ -81,7 +76,7 @@ std::string_view to_string(ReduceOp op) {
 }
 
 ReduceOp reduce_op_from_string(std::string_view name) {
-  const std::string u = upper(name);
+  const std::string u = internal::ascii_upper(name);
   for (ReduceOp op : kAllReduceOps) {
     if (to_string(op) == u) return op;
   }

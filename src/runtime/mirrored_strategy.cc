@@ -7,6 +7,7 @@
 #include <functional>
 #include <thread>
 
+#include "core/ascii_case.h"
 #include "core/device_registry.h"
 #include "core/payload_list.h"
 #include "core/recent_answers.h"
@@ -15,12 +16,6 @@
 
 namespace distribute {
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 bool parse_index(std::string_view text, int& out) {
   if (text.empty() || text.size() > 9) return false;
@@ -38,9 +33,7 @@ bool parse_index(std::string_view text, int& out) {
 [[noreturn]] void refuse_gpu(const std::string& original, int index, bool local) {
   std::string gpu = "a GPU of another worker";
   if (local) {
-    internal::DeviceRegistry& registry = internal::device_registry();
-    static_cast<void>(registry.logical_gpu(index, original));  // InvalidArgumentError if there is no such GPU
-    gpu = registry.describe_gpu(index);
+    gpu = internal::device_registry().describe_gpu(index, original);  // InvalidArgumentError if there is no such GPU
   }
   throw UnimplementedError("device '" + original + "' is " + gpu +
                            ": this version of distribute lists and configures GPUs (devices.h) but does not yet "
@@ -80,7 +73,7 @@ std::string parse_device_name(std::string_view device) {
     if (part.empty()) continue;
     const std::size_t colon = part.find(':');
     if (colon == std::string_view::npos) return bad("'" + std::string(part) + "' is not a field of a device name");
-    const std::string key = lower(part.substr(0, colon));
+    const std::string key = internal::ascii_lower(part.substr(0, colon));
     std::string_view rest = part.substr(colon + 1);
     int n = 0;
     if (key == "job") {
@@ -102,7 +95,7 @@ std::string parse_device_name(std::string_view device) {
       if (key == "device") {
         const std::size_t c2 = rest.find(':');
         if (c2 == std::string_view::npos) return bad("'device:' needs TYPE:INDEX");
-        dev_type = lower(rest.substr(0, c2));
+        dev_type = internal::ascii_lower(rest.substr(0, c2));
         rest = rest.substr(c2 + 1);
       }
       if (!parse_index(rest, n)) return bad("'" + std::string(rest) + "' is not a device index");

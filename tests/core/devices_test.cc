@@ -65,7 +65,7 @@ TEST(DeviceRegistryTest, SplitsAGpuIntoNumberedLogicalGpus) {
   EXPECT_EQ(gpus[1].physical, 0);
   EXPECT_EQ(gpus[1].memory_limit_bytes, 4096 * kMiB);
   EXPECT_EQ(gpus[2].physical, 1);
-  EXPECT_EQ(r.describe_gpu(1), "GPU:1 (NVIDIA H200, physical GPU 0, 4096 MB)");
+  EXPECT_EQ(r.describe_gpu(1, "GPU:1"), "GPU:1 (NVIDIA H200, physical GPU 0, 4096 MB)");
   ASSERT_TRUE(r.configuration(gpu(0)).has_value());
   EXPECT_EQ(r.configuration(gpu(0))->size(), 2u);
 }
