@@ -22,6 +22,7 @@ from ._distribute import (
     CommunicationImplementation,
     CommunicationOptions,
     DType,
+    IndexedSlices,
     InputContext,
     MirroredStrategy,
     MirroredVariable,
@@ -130,6 +131,10 @@ def _components(value):
 def _reduce(self, reduce_op, value, axis):
     """Reduces `value` across replicas (and along `axis` within each, unless None) to one tensor."""
     if isinstance(value, DistributedValues):
+        if value.values and all(isinstance(v, IndexedSlices) for v in value.values):
+            if axis is not None:
+                raise ValueError("reduce: IndexedSlices are reduced across replicas only (axis=None)")
+            return self._reduce_slices(reduce_op, list(value.values))
         return self._reduce_components(reduce_op, _components(value), axis, isinstance(value, Mirrored))
     if _is_nested(value):
         return map_structure(lambda v: _reduce(self, reduce_op, v, axis), value)
@@ -359,6 +364,7 @@ __all__ = [
     "errors",
     "Adam",
     "DistributedDataset",
+    "IndexedSlices",
     "InputContext",
     "MirroredVariable",
     "MultiWorkerMirroredStrategy",

@@ -102,6 +102,12 @@ std::optional<DType> dtype_of_array(const py::array& array) {
 
 }  // namespace
 
+py::tuple shape_tuple(const Shape& shape) {
+  py::tuple out(shape.rank());
+  for (int i = 0; i < shape.rank(); ++i) out[i] = shape[i];
+  return out;
+}
+
 Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
   if (py::isinstance<Tensor>(value)) {
     Tensor t = value.cast<Tensor>();
@@ -126,6 +132,11 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
     }
   }
   if (py::isinstance<Variable>(value)) return to_tensor(py::cast(value.cast<const Variable&>().read_value()), dtype);
+  if (py::isinstance<IndexedSlices>(value)) {
+    throw py::type_error(
+        "an IndexedSlices is not a Tensor: all_reduce (alone or in a nest), all_gather (alone) and "
+        "strategy.reduce take it; call .to_dense() for a tensor");
+  }
   if (value.is_none() || py::isinstance<py::str>(value) || py::isinstance<py::bytes>(value)) {
     throw py::type_error("Can't convert " + type_name(value) + " " + std::string(py::repr(value)) +
                          " to a Tensor: only numbers, bools and numpy arrays (and lists of them) are tensors here");
@@ -173,25 +184,88 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
   return internal::make_constant(target, Shape(dims), converted.data());
 }
 
-Nest<Tensor> to_nest(py::handle value) {
+namespace {
+
+// A nest of lists, tuples and dicts (string keys) with leaves from `leaf`.
+template <class T, class Leaf>
+Nest<T> nest_of(py::handle value, const Leaf& leaf) {
   if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
-    std::vector<Nest<Tensor>> items;
-    for (py::handle item : value) items.push_back(to_nest(item));
-    return py::isinstance<py::list>(value) ? Nest<Tensor>::list(std::move(items))
-                                           : Nest<Tensor>::tuple(std::move(items));
+    std::vector<Nest<T>> items;
+    for (py::handle item : value) items.push_back(nest_of<T>(item, leaf));
+    return py::isinstance<py::list>(value) ? Nest<T>::list(std::move(items)) : Nest<T>::tuple(std::move(items));
   }
   if (py::isinstance<py::dict>(value)) {
-    Nest<Tensor>::Items items;
+    typename Nest<T>::Items items;
     for (auto [key, item] : value.cast<py::dict>()) {
       if (!py::isinstance<py::str>(key)) {
         throw py::type_error("a dict in a nest must have string keys, not " + type_name(key) + " " +
                              std::string(py::repr(key)));
       }
-      items.emplace_back(key.cast<std::string>(), to_nest(item));
+      items.emplace_back(py::str(key).cast<std::string>(), nest_of<T>(item, leaf));
     }
-    return Nest<Tensor>::dict(std::move(items));
+    return Nest<T>::dict(std::move(items));
   }
-  return Nest<Tensor>(to_tensor(value));
+  return Nest<T>(leaf(value));
+}
+
+// The Python lists, tuples and dicts of a nest, with leaves from `leaf`.
+template <class T, class Leaf>
+py::object python_of(const Nest<T>& nest, const Leaf& leaf) {
+  switch (nest.kind()) {
+    case NestKind::kLeaf: return leaf(nest.leaf());
+    case NestKind::kDict: {
+      py::dict out;
+      for (const auto& [key, child] : nest.dict_items()) out[py::str(key)] = python_of(child, leaf);
+      return out;
+    }
+    case NestKind::kList: {
+      py::list out;
+      for (const auto& child : nest.items()) out.append(python_of(child, leaf));
+      return out;
+    }
+    case NestKind::kTuple: {
+      py::tuple out(nest.items().size());
+      for (std::size_t i = 0; i < nest.items().size(); ++i) out[i] = python_of(nest.items()[i], leaf);
+      return out;
+    }
+  }
+  throw InternalError("python_of: unknown nest kind");
+}
+
+}  // namespace
+
+bool holds_indexed_slices(py::handle value) {
+  if (py::isinstance<IndexedSlices>(value)) return true;
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    for (py::handle item : value) {
+      if (holds_indexed_slices(item)) return true;
+    }
+  } else if (py::isinstance<py::dict>(value)) {
+    for (auto item : value.cast<py::dict>()) {
+      if (holds_indexed_slices(item.second)) return true;
+    }
+  }
+  return false;
+}
+
+Nest<TensorOrSlices> to_mixed_nest(py::handle value) {
+  return nest_of<TensorOrSlices>(value, [](py::handle v) -> TensorOrSlices {
+    if (py::isinstance<IndexedSlices>(v)) return v.cast<IndexedSlices>();
+    return to_tensor(v);
+  });
+}
+
+py::object from_mixed_nest(const Nest<TensorOrSlices>& nest) {
+  return python_of(nest,
+                   [](const TensorOrSlices& v) { return std::visit([](const auto& x) { return py::cast(x); }, v); });
+}
+
+Nest<Tensor> to_nest(py::handle value) {
+  return nest_of<Tensor>(value, [](py::handle v) { return to_tensor(v); });
+}
+
+py::object from_nest(const Nest<Tensor>& nest) {
+  return python_of(nest, [](const Tensor& t) { return py::cast(t); });
 }
 
 // DISTRIBUTE_GPUS_AS_CPUS=1, where no GPU is visible, runs "GPU:k" (in any
@@ -210,28 +284,6 @@ std::vector<std::string> map_gpu_names(std::vector<std::string> devices) {
     }
   }
   return devices;
-}
-
-py::object from_nest(const Nest<Tensor>& nest) {
-  switch (nest.kind()) {
-    case NestKind::kLeaf: return py::cast(nest.leaf());
-    case NestKind::kDict: {
-      py::dict out;
-      for (const auto& [key, child] : nest.dict_items()) out[py::str(key)] = from_nest(child);
-      return out;
-    }
-    case NestKind::kList: {
-      py::list out;
-      for (const auto& child : nest.items()) out.append(from_nest(child));
-      return out;
-    }
-    case NestKind::kTuple: {
-      py::tuple out(nest.items().size());
-      for (std::size_t i = 0; i < nest.items().size(); ++i) out[i] = from_nest(nest.items()[i]);
-      return out;
-    }
-  }
-  throw InternalError("from_nest: unknown nest kind");
 }
 
 }  // namespace distribute::python

@@ -38,6 +38,9 @@ DType dtype_from_python(py::handle spec);
 // A numpy dtype for `dtype` (bfloat16, which numpy lacks, has none: raises).
 py::dtype numpy_dtype(DType dtype);
 
+// A shape as Python gives it: a tuple of ints.
+py::tuple shape_tuple(const Shape& shape);
+
 // `value` as a tensor, as tf.constant makes one: a Tensor as it is (cast
 // checked against `dtype`); a numpy array or scalar keeps its dtype; Python
 // floats become float32, ints int32 (int64 when they do not fit), bools bool.
@@ -52,5 +55,10 @@ Nest<Tensor> to_nest(py::handle value);
 // and no GPU visible, "GPU:k" (in any of TF's spellings) becomes "CPU:k".
 std::vector<std::string> map_gpu_names(std::vector<std::string> devices);
 py::object from_nest(const Nest<Tensor>& nest);
+
+// The same, with IndexedSlices leaves among the tensors.
+bool holds_indexed_slices(py::handle value);
+Nest<TensorOrSlices> to_mixed_nest(py::handle value);
+py::object from_mixed_nest(const Nest<TensorOrSlices>& nest);
 
 }  // namespace distribute::python

@@ -166,6 +166,17 @@ auto interruptible(Strategy& s, const Run& run) -> decltype(run()) {
   return std::move(*result);
 }
 
+// work() without the GIL; its result as a Python object.
+template <class Work>
+py::object without_gil_to_python(const Work& work) {
+  std::optional<decltype(work())> out;
+  {
+    py::gil_scoped_release release;
+    out.emplace(work());
+  }
+  return py::cast(std::move(*out));
+}
+
 // Converts `value` (a tensor, or a nest of lists, tuples and dicts of them),
 // runs `collective` on it without the GIL, and converts the result back.
 template <class Collective>
@@ -286,6 +297,12 @@ void bind_strategies(py::module_& m) {
              py::gil_scoped_release release;
              return s.reduce(r, t, a);
            })
+      .def("_reduce_slices",
+           [](Strategy& s, const py::object& op, std::vector<IndexedSlices> components) {
+             const ReduceOp r = reduce_op_of(op);
+             py::gil_scoped_release release;
+             return s.reduce(r, PerReplica<IndexedSlices>(std::move(components)));
+           })
       .def("_gather_per_replica",
            [](Strategy& s, std::vector<Tensor> components, int axis) {
              py::gil_scoped_release release;
@@ -352,18 +369,36 @@ void bind_replica_context(py::module_& m) {
           [](ReplicaContext& ctx, const py::object& reduce_op, const py::object& value, const py::object& options) {
             const ReduceOp op = reduce_op_of(reduce_op);
             const CommunicationOptions o = options_of(options);
+            if (py::isinstance<IndexedSlices>(value)) {
+              const auto in = value.cast<IndexedSlices>();
+              return without_gil_to_python([&] { return ctx.all_reduce(op, in, o); });
+            }
+            if (holds_indexed_slices(value)) {
+              const Nest<TensorOrSlices> in = to_mixed_nest(value);
+              Nest<TensorOrSlices> out;
+              {
+                py::gil_scoped_release release;
+                out = ctx.all_reduce(op, in, o);
+              }
+              return from_mixed_nest(out);
+            }
             return collective_on(value, [&](const auto& v) { return ctx.all_reduce(op, v, o); });
           },
           py::arg("reduce_op"), py::arg("value"), py::arg("options") = py::none(),
-          "All-reduces a tensor or a nest (lists, tuples, dicts) of tensors across replicas.")
+          "All-reduces a tensor, an IndexedSlices, or a nest (lists, tuples, dicts) of them across replicas.")
       .def(
           "all_gather",
           [](ReplicaContext& ctx, const py::object& value, int axis, const py::object& options) {
             const CommunicationOptions o = options_of(options);
+            if (py::isinstance<IndexedSlices>(value)) {
+              const auto in = value.cast<IndexedSlices>();
+              return without_gil_to_python([&] { return ctx.all_gather(in, axis, o); });
+            }
             return collective_on(value, [&](const auto& v) { return ctx.all_gather(v, axis, o); });
           },
           py::arg("value"), py::arg("axis"), py::arg("options") = py::none(),
-          "All-gathers a tensor or a nest of tensors along `axis`; the sizes along it may differ between replicas.")
+          "All-gathers a tensor, an IndexedSlices or a nest of tensors along `axis`; the sizes along it may differ "
+          "between replicas.")
       .def(
           "broadcast",
           [](ReplicaContext& ctx, const py::object& value, int root_replica, const py::object& options) {

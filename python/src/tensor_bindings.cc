@@ -126,13 +126,7 @@ void bind_dtypes(py::module_& m) {
 py::class_<Tensor> bind_tensor_class(py::module_& m) {
   py::class_<Tensor> tensor(m, "Tensor", py::buffer_protocol(),
                             "An immutable n-dimensional array, as TF's eager tensor. Make one with constant().");
-  tensor
-      .def_property_readonly("shape",
-                             [](const Tensor& t) {
-                               py::tuple s(t.rank());
-                               for (int i = 0; i < t.rank(); ++i) s[i] = t.shape()[i];
-                               return s;
-                             })
+  tensor.def_property_readonly("shape", [](const Tensor& t) { return shape_tuple(t.shape()); })
       .def_property_readonly("dtype", &Tensor::dtype)
       .def_property_readonly("device", &Tensor::device)
       .def_property_readonly("ndim", &Tensor::rank)
@@ -209,10 +203,26 @@ void bind_tensor_exchange(py::class_<Tensor>& tensor) {
 
 }  // namespace
 
+void bind_indexed_slices(py::module_& m) {
+  py::class_<IndexedSlices>(m, "IndexedSlices",
+                            "Rows of a dense tensor (a sparse gradient): values[i] is row indices[i] of dense_shape.")
+      .def(py::init([](const py::object& values, const py::object& indices, const std::vector<std::int64_t>& shape) {
+             return IndexedSlices(to_tensor(values), to_tensor(indices), Shape(shape));
+           }),
+           py::arg("values"), py::arg("indices"), py::arg("dense_shape"))
+      .def_property_readonly("values", &IndexedSlices::values)
+      .def_property_readonly("indices", &IndexedSlices::indices)
+      .def_property_readonly("dense_shape", [](const IndexedSlices& s) { return shape_tuple(s.dense_shape()); })
+      .def_property_readonly("dtype", &IndexedSlices::dtype)
+      .def("to_dense", &IndexedSlices::to_dense, "The rows summed into a dense tensor (duplicates add up).")
+      .def("__repr__", &IndexedSlices::repr);
+}
+
 void bind_tensor(py::module_& m) {
   bind_dtypes(m);
   py::class_<Tensor> tensor = bind_tensor_class(m);
   bind_tensor_exchange(tensor);
+  bind_indexed_slices(m);
 
   m.def(
       "constant",

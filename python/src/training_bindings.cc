@@ -61,12 +61,7 @@ void bind_variables(py::module_& m) {
            py::arg("aggregation") = VariableAggregation::kNone, py::arg("trainable") = py::none())
       .def_property_readonly("name", &Variable::name)
       .def_property_readonly("dtype", &Variable::dtype)
-      .def_property_readonly("shape",
-                             [](const Variable& v) {
-                               py::tuple s(v.shape().rank());
-                               for (int i = 0; i < v.shape().rank(); ++i) s[i] = v.shape()[i];
-                               return s;
-                             })
+      .def_property_readonly("shape", [](const Variable& v) { return shape_tuple(v.shape()); })
       .def_property_readonly("synchronization", &Variable::synchronization)
       .def_property_readonly("aggregation", &Variable::aggregation)
       .def_property_readonly("trainable", &Variable::trainable)

@@ -126,3 +126,22 @@ def test_default_context_collectives_are_identities():
     assert ctx.replica_id_in_sync_group == 0 and ctx.num_replicas_in_sync == 1
     assert float(ctx.all_reduce("sum", 3.0)) == 3.0
     assert ctx.merge_call(lambda s, x: x + 1, args=(1,)) == 2
+
+
+def test_indexed_slices_all_reduce_gather_and_reduce(strategy):
+    def fn():
+        rid = replica_id()
+        rows = ds.IndexedSlices(np.full((1, 2), rid + 1.0, dtype=np.float32), np.array([rid], dtype=np.int32), [3, 2])
+        ctx = ds.get_replica_context()
+        return rows, ctx.all_reduce("sum", rows), ctx.all_reduce("sum", {"s": rows, "d": 1.0})
+
+    out = local(strategy, fn)
+    for _, summed, mixed in out:
+        assert isinstance(summed, ds.IndexedSlices) and summed.dense_shape == (3, 2)
+        assert summed.to_dense().numpy().tolist() == [[1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]
+        assert isinstance(mixed["s"], ds.IndexedSlices) and float(mixed["d"]) == 2.0
+    per_replica = ds.PerReplica([o[0] for o in out])
+    reduced = strategy.reduce("sum", per_replica, axis=None)
+    assert reduced.to_dense().numpy().tolist() == [[1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]
+    with pytest.raises(TypeError, match="to_dense"):
+        ds.constant(out[0][0])
