@@ -123,11 +123,12 @@ struct UpdateComponent {
 // component <- op(component, value), computed by numpy (fn's arithmetic).
 void write_component(const UpdateComponent& c, const py::object& value, const char* numpy_op) {
   Tensor& t = c.get();
-  py::object current = py::cast(t).attr("numpy")();
-  py::object next = numpy_op == nullptr ? value
-                                        : py::module_::import("numpy").attr(numpy_op)(
-                                              current, py::module_::import("numpy").attr("asarray")(value));
-  t = to_tensor(next, t.dtype());
+  if (numpy_op == nullptr) {
+    t = to_tensor(value, t.dtype());
+    return;
+  }
+  py::module_ np = py::module_::import("numpy");
+  t = to_tensor(np.attr(numpy_op)(py::cast(t).attr("numpy")(), np.attr("asarray")(value)), t.dtype());
 }
 
 void bind_update(py::module_& m) {
