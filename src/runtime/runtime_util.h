@@ -32,7 +32,8 @@ bool take_agreed_worker_error(const std::exception_ptr& e);
 double env_seconds(const char* name);
 // Checks the engine's settings that a strategy's creation checks
 // (DISTRIBUTE_STREAM_ALL_REDUCE_BYTES, DISTRIBUTE_SPIN_MICROSECONDS,
-// DISTRIBUTE_STORAGE_CACHE_BYTES): InvalidArgumentError naming a bad one.
+// DISTRIBUTE_STORAGE_CACHE_BYTES, DISTRIBUTE_ONE_ROUND_READ_BYTES):
+// InvalidArgumentError naming a bad one.
 // Returns the all_reduce stream threshold.
 std::size_t checked_engine_settings();
 

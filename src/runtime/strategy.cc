@@ -58,6 +58,7 @@ std::size_t checked_engine_settings() {
   // here so that a bad setting fails the strategy's creation.
   env_whole_number("DISTRIBUTE_SPIN_MICROSECONDS", "a whole number of microseconds", std::numeric_limits<int>::max());
   env_whole_number("DISTRIBUTE_STORAGE_CACHE_BYTES", "a whole number of bytes");
+  env_whole_number("DISTRIBUTE_ONE_ROUND_READ_BYTES", "a whole number of bytes");
   return stream_bytes;
 }
 

@@ -285,6 +285,68 @@ TEST(AllReduceStreamSettingTest, ReadsTheSetting) {
   }
 }
 
+// ---- the latency path in two small rounds ----------------------------------------
+
+// One round while members x bytes stays within the read budget, two above
+// it, and only on the latency path (up to 1 KiB) of a group of several.
+TEST(TwoSmallRoundsTest, TakenAboveTheReadBudgetOnTheLatencyPath) {
+  using C = SharedMemoryCommunicator;
+  EXPECT_FALSE(C::two_small_rounds(1, 1024));
+  EXPECT_FALSE(C::two_small_rounds(2, 1024));
+  EXPECT_FALSE(C::two_small_rounds(4, 1024));
+  EXPECT_FALSE(C::two_small_rounds(8, 512));
+  EXPECT_TRUE(C::two_small_rounds(8, 513));
+  EXPECT_FALSE(C::two_small_rounds(16, 256));
+  EXPECT_TRUE(C::two_small_rounds(16, 260));
+  EXPECT_TRUE(C::two_small_rounds(16, 1024));
+  EXPECT_FALSE(C::two_small_rounds(16, 1028));  // the bandwidth path
+  EXPECT_TRUE(C::two_small_rounds(2, 8, 0));
+  const distribute::testing::ScopedEnv env("DISTRIBUTE_ONE_ROUND_READ_BYTES", "16");
+  const C comm(std::make_shared<LocalGroup>(3), 0);
+  EXPECT_FALSE(comm.two_small_rounds(5));
+  EXPECT_TRUE(comm.two_small_rounds(6));
+}
+
+// Every member count, element count (fewer elements than members too: empty
+// slices) and either path give the reference's bits: the two rounds reduce
+// each element over the same inputs in the same order as the one round.
+TEST(TwoSmallRoundsTest, EitherPathMatchesTheReference) {
+  for (const char* budget : {"0", "1048576"}) {  // always two rounds; always one
+    const distribute::testing::ScopedEnv env("DISTRIBUTE_ONE_ROUND_READ_BYTES", budget);
+    for (int n : {2, 5, 16}) {
+      for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{16}, std::size_t{17}, std::size_t{256}}) {
+        for (auto [dtype, op] :
+             {std::pair{DType::kFloat32, ReduceOp::kSum}, std::pair{DType::kFloat16, ReduceOp::kMean},
+              std::pair{DType::kInt8, ReduceOp::kProduct}, std::pair{DType::kInt64, ReduceOp::kMax}}) {
+          if (count * size_of(dtype) > SharedMemoryCommunicator::kLatencyPathBytes) continue;
+          SCOPED_TRACE(std::string("budget=") + budget + " n=" + std::to_string(n) + " count=" + std::to_string(count) +
+                       " " + std::string(to_string(dtype)) + " " + std::string(to_string(op)));
+          check_all_reduce(n, count, dtype, op);
+        }
+      }
+    }
+  }
+}
+
+// DISTRIBUTE_ONE_ROUND_READ_BYTES: a whole number of bytes, or the default;
+// anything else names the setting and its text.
+TEST(TwoSmallRoundsTest, ReadsTheSetting) {
+  const char* kName = "DISTRIBUTE_ONE_ROUND_READ_BYTES";
+  const distribute::testing::ScopedEnv env(kName, nullptr);
+  EXPECT_EQ(SharedMemoryCommunicator::default_one_round_read_bytes(), SharedMemoryCommunicator::kOneRoundReadBytes);
+  env.set("0");
+  EXPECT_EQ(SharedMemoryCommunicator::default_one_round_read_bytes(), 0u);
+  env.set("2k");
+  try {
+    SharedMemoryCommunicator::default_one_round_read_bytes();
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::string(kName) + "='2k' is not a whole number of bytes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A pack of many values reduced in place of the values, and into one shared
 // output: segment counts cross member slices and chunks, zero-length
 // segments included.

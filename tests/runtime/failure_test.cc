@@ -487,7 +487,8 @@ TEST(FailureTest, BadEnvironmentValueIsAClearError) {
        {std::tuple{"DISTRIBUTE_STREAM_ALL_REDUCE_BYTES", "32M", "is not a whole number of bytes (0: never stream)"},
         std::tuple{"DISTRIBUTE_SPIN_MICROSECONDS", "1e3", "is not a whole number of microseconds up to 2147483647"},
         std::tuple{"DISTRIBUTE_SPIN_MICROSECONDS", "2147483648", "is not a whole number of microseconds up to"},
-        std::tuple{"DISTRIBUTE_STORAGE_CACHE_BYTES", "2G", "is not a whole number of bytes"}}) {
+        std::tuple{"DISTRIBUTE_STORAGE_CACHE_BYTES", "2G", "is not a whole number of bytes"},
+        std::tuple{"DISTRIBUTE_ONE_ROUND_READ_BYTES", "4K", "is not a whole number of bytes"}}) {
     const testing::ScopedEnv env(name, text);
     msg = testing::expect_throw<InvalidArgumentError>([] { MirroredStrategy s({"CPU:0", "CPU:1"}); });
     EXPECT_NE(msg.find(std::string(name) + "='" + text + "' " + says), std::string::npos) << msg;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -152,6 +153,12 @@ std::size_t SharedMemoryCommunicator::default_all_reduce_stream_bytes() {
   return *bytes == 0 ? kNeverStream : *bytes;
 }
 
+std::size_t SharedMemoryCommunicator::default_one_round_read_bytes() {
+  const std::optional<std::size_t> bytes =
+      env_whole_number("DISTRIBUTE_ONE_ROUND_READ_BYTES", "a whole number of bytes");
+  return bytes ? *bytes : kOneRoundReadBytes;
+}
+
 void SharedMemoryCommunicator::copy_broadcast_part(void* dst, const void* src, std::size_t n,
                                                    std::size_t message_bytes) {
   if (message_bytes >= kStreamBytes) {
@@ -167,7 +174,9 @@ SharedMemoryCommunicator::SharedMemoryCommunicator(std::shared_ptr<LocalGroup> g
     : group_(std::move(group)),
       rank_(rank),
       all_reduce_stream_bytes_(all_reduce_stream_bytes),
-      share_reduce_above_(share_reduce_above) {}
+      share_reduce_above_(share_reduce_above),
+      one_round_read_bytes_(
+          parse_whole_number(std::getenv("DISTRIBUTE_ONE_ROUND_READ_BYTES")).value_or(kOneRoundReadBytes)) {}
 
 std::vector<std::string> SharedMemoryCommunicator::exchange(std::string payload, const CollectiveCall& call) {
   const auto& entries =
@@ -187,6 +196,10 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   SourceList source_list(n);
   const void** srcs = source_list.data();
 
+  if (two_small_rounds(bytes)) {
+    all_reduce_two_rounds(send, recv, count, dtype, op, divisor, call, srcs);
+    return;
+  }
   if (bytes <= kLatencyPathBytes) {
     // Latency path: one small round; every member reduces every member's
     // copy, straight from the lines that announce its arrival.
@@ -223,6 +236,31 @@ void SharedMemoryCommunicator::all_reduce(const void* send, void* recv, std::siz
   }
   if (scratch != nullptr) stream_fence();
   if (n > 1) group_->release(rank_, call);  // nobody leaves while others still use its buffers
+}
+
+void SharedMemoryCommunicator::all_reduce_two_rounds(const void* send, void* recv, std::size_t count, DType dtype,
+                                                     ReduceOp op, std::int64_t divisor, const CollectiveCall& call,
+                                                     const void** srcs) {
+  const int n = size();
+  const std::size_t esz = size_of(dtype);
+  auto* out = static_cast<std::byte*>(recv);
+  const std::size_t begin = owned_begin(count);
+  const std::size_t end = owned_end(count);
+  // Round one carries every member's input; this member reduces its slice
+  // of all of them, in member order (the bits of the one-round path).
+  const auto inputs = group_->arrive_small(rank_, send, count * esz, call);
+  for (int q = 0; q < n; ++q) srcs[q] = inputs[static_cast<std::size_t>(q)] + begin * esz;
+  if (end > begin)
+    reduce_sources(out + begin * esz, {srcs, static_cast<std::size_t>(n)}, end - begin, dtype, op, divisor);
+  // Round two carries every member's reduced slice to every other member.
+  const auto slices = group_->arrive_small(rank_, out + begin * esz, (end - begin) * esz, call);
+  for (int q = 0; q < n; ++q) {
+    const std::size_t q_begin = slice_begin(count, q, n);
+    const std::size_t q_end = slice_begin(count, q + 1, n);
+    if (q != rank_ && q_end > q_begin) {
+      std::memcpy(out + q_begin * esz, slices[static_cast<std::size_t>(q)], (q_end - q_begin) * esz);
+    }
+  }
 }
 
 void SharedMemoryCommunicator::all_reduce_segments(std::span<const Segment> segments, DType dtype, ReduceOp op,

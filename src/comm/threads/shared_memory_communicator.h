@@ -8,7 +8,10 @@
 // arrive_small): each member copies its input into the cache lines that
 // announce its arrival, and every member reduces all of them (in member order)
 // into its own output. One round, no second barrier: the lines stay valid
-// until the round after next.
+// until the round after next. With many members each member would read
+// members x bytes; above one_round_read_bytes() of that, two small rounds:
+// member r reduces slice r from every copy, the second round hands every
+// slice to every member (each reads about 2 x bytes, whatever the group).
 //
 // all_reduce, large messages: one round publishes (send, recv); member r owns
 // slice r of the elements and, chunk by cache-sized chunk, reduces it from
@@ -36,6 +39,27 @@ class SharedMemoryCommunicator final : public Communicator {
   static constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
   // Up to this size all_reduce takes the one-round latency path.
   static constexpr std::size_t kLatencyPathBytes = 1024;
+  // On the latency path, one round while members x bytes (what each member
+  // reads) is at most this; above it, two rounds that read about 2 x bytes
+  // each. One cache-line transfer costs about as much as a member's arrival
+  // in a small round, so one more round pays once it saves well over a
+  // round's N first lines: 4 KiB (64 lines) keeps every group of up to 4 on
+  // one round, and takes two above 512 B with 8 members, above 256 B with
+  // 16 (where one round at 1 KiB took longer than the bandwidth path at
+  // 4 KiB: docs/algorithms.md, "all_reduce").
+  static constexpr std::size_t kOneRoundReadBytes = 4096;
+  // kOneRoundReadBytes, or DISTRIBUTE_ONE_ROUND_READ_BYTES (a whole number
+  // of bytes; InvalidArgumentError otherwise; creating a strategy checks it).
+  // A communicator reads it when made, so the members of a group, made
+  // together, take the same path; there a bad setting leaves the default (a
+  // thread's default context makes a group, and nothing may throw there).
+  static std::size_t default_one_round_read_bytes();
+  // Whether an all_reduce of `bytes` per member among `members` takes the
+  // two small rounds (bytes <= kLatencyPathBytes, members x bytes above
+  // `one_round_read`).
+  static bool two_small_rounds(int members, std::size_t bytes, std::size_t one_round_read = kOneRoundReadBytes) {
+    return members > 1 && bytes <= kLatencyPathBytes && static_cast<std::size_t>(members) * bytes > one_round_read;
+  }
   // The chunk when all_reduce streams: reduced into a buffer that stays in L1
   // (16 KiB was 1.1 to 1.2x faster than 64 KiB at 128 MiB, no slower at 256).
   static constexpr std::size_t kStreamChunkBytes = std::size_t{16} << 10;
@@ -83,6 +107,9 @@ class SharedMemoryCommunicator final : public Communicator {
 
   // Whether this member's all_reduce of `bytes` (bandwidth path) streams.
   bool streams(std::size_t bytes) const { return size() > 1 && bytes >= all_reduce_stream_bytes_; }
+
+  // Whether this member's all_reduce of `bytes` takes two small rounds.
+  bool two_small_rounds(std::size_t bytes) const { return two_small_rounds(size(), bytes, one_round_read_bytes_); }
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -152,18 +179,21 @@ class SharedMemoryCommunicator final : public Communicator {
   void abort(ErrorCode code, const std::string& message, int origin_rank) noexcept override;
 
  private:
-  // Elements [owned_begin, owned_end) of `count`: this member's slice on the
-  // bandwidth path of all_reduce.
-  std::size_t owned_begin(std::size_t count) const {
-    return count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(size());
+  // Where member `member` of `members` starts its slice of `count` elements
+  // (the bandwidth path's and the two small rounds' split).
+  static std::size_t slice_begin(std::size_t count, int member, int members) {
+    return count * static_cast<std::size_t>(member) / static_cast<std::size_t>(members);
   }
-  std::size_t owned_end(std::size_t count) const {
-    return count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(size());
-  }
-  // Bytes [first, second) of a `bytes`-byte message: this member's share of
-  // a copy split N ways, in whole cache lines (no line written by two).
+  // Elements [owned_begin, owned_end) of `count`: this member's slice.
+  std::size_t owned_begin(std::size_t count) const { return slice_begin(count, rank_, size()); }
+  std::size_t owned_end(std::size_t count) const { return slice_begin(count, rank_ + 1, size()); }
   // Throws InvalidArgumentError for a root that is not a member.
   void check_root(int root, const CollectiveCall& call) const;
+  // all_reduce's latency path in two small rounds (two_small_rounds).
+  void all_reduce_two_rounds(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                             std::int64_t divisor, const CollectiveCall& call, const void** srcs);
+  // Bytes [first, second) of a `bytes`-byte message: this member's share of
+  // a copy split N ways, in whole cache lines (no line written by two).
   std::pair<std::size_t, std::size_t> line_slice(std::size_t bytes) const {
     const std::size_t lines = (bytes + 63) / 64;
     const auto n = static_cast<std::size_t>(size());
@@ -175,6 +205,7 @@ class SharedMemoryCommunicator final : public Communicator {
   int rank_;
   std::size_t all_reduce_stream_bytes_;
   std::size_t share_reduce_above_;
+  std::size_t one_round_read_bytes_;
 };
 
 }  // namespace distribute::internal
