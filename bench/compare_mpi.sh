@@ -4,10 +4,13 @@
 # the ratio of our bus bandwidth (and latency) to OpenMPI's per size.
 #
 #   bench/compare_mpi.sh [--op all_reduce|all_gather|broadcast|reduce_scatter] [--replicas N] [-b MIN] [-e MAX] [-f F] [--iters N]
-# Needs a release build (make build) with OpenMPI found at configure time.
+#                        [--bundle DIR]
+# Needs a release build (make build) with OpenMPI found at configure time, or,
+# with --bundle, a device bundle (scripts/many_cores_check.sh) whose binaries
+# and relocated OpenMPI run on a machine without Debian's packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-op=all_reduce replicas=2 min=8 max=256M factor=4 iters=20 api=raw build=build/release
+op=all_reduce replicas=2 min=8 max=256M factor=4 iters=20 api=raw build=build/release bundle=
 while [ $# -gt 0 ]; do
   case "$1" in
     --op) op=$2; shift 2 ;;
@@ -18,14 +21,23 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --api) api=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
+    --bundle) bundle=$2; shift 2 ;;
     *) echo "compare_mpi.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-ours="$build/tools/distribute-bench"
-theirs="$build/bench/distribute-mpi-bench"
-for b in "$ours" "$theirs"; do
-  [ -x "$b" ] || { echo "compare_mpi.sh: $b not built (run make build; OpenMPI must be installed)" >&2; exit 1; }
-done
+if [ -n "$bundle" ]; then
+  # (env.sh probes a program that exits non-zero: not under set -e)
+  set +e
+  # shellcheck disable=SC1091
+  . "$bundle/env.sh"
+  set -e
+  ours=("$X" distribute-bench) theirs=("$X" distribute-mpi-bench) launch=("${MPIRUN[@]}")
+else
+  ours=("$build/tools/distribute-bench") theirs=("$build/bench/distribute-mpi-bench") launch=(mpirun --oversubscribe)
+  for b in "${ours[0]}" "${theirs[0]}"; do
+    [ -x "$b" ] || { echo "compare_mpi.sh: $b not built (run make build; OpenMPI must be installed)" >&2; exit 1; }
+  done
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -33,9 +45,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # of place, as its results are: --api tensor measures that).
 form=()
 [ "$op" = broadcast ] && [ "$api" = raw ] && form=(--in-place)
-"$ours" --op "$op" --replicas "$replicas" --api "$api" -b "$min" -e "$max" -f "$factor" --iters "$iters" --check \
+"${ours[@]}" --op "$op" --replicas "$replicas" --api "$api" -b "$min" -e "$max" -f "$factor" --iters "$iters" --check \
   ${form[@]+"${form[@]}"} --csv "$tmp/ours.csv" > "$tmp/ours.txt"
-mpirun --oversubscribe -np "$replicas" "$theirs" --op "$op" -b "$min" -e "$max" -f "$factor" --iters "$iters" \
+"${launch[@]}" -np "$replicas" "${theirs[@]}" --op "$op" -b "$min" -e "$max" -f "$factor" --iters "$iters" \
   --csv "$tmp/mpi.csv" > "$tmp/mpi.txt"
 echo "# $op float32, $replicas replicas (distribute: threads, api=$api) vs $replicas OpenMPI processes, $(nproc) cores"
 printf "# %12s %12s %12s %12s %12s %10s %10s %8s\n" "size(B)" "ours(us)" "mpi(us)" "ours(GB/s)" "mpi(GB/s)" \

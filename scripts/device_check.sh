@@ -17,14 +17,12 @@ BUILD=${BUILD:-build/release}
 BUNDLE=${BUNDLE:-devbundle}
 BINS="tests/gpu_test tests/core_test tests/runtime_test tools/distribute-demo tools/distribute-bench"
 
+# shellcheck source=scripts/bundle_prepare.sh
+. scripts/bundle_prepare.sh
+
 prepare() {
   set -e
-  cmake --preset release
-  cmake --build --preset release -j "${JOBS:-2}"
-  for b in $BINS; do
-    [ -x "$BUILD/$b" ] || { echo "device_check: $BUILD/$b was not built (is the CUDA toolkit installed?)" >&2; exit 1; }
-  done
-  BUILD=$BUILD BINS=$BINS bash ../shared/tools/devbundle/make_bundle.sh "$BUNDLE"
+  bundle_prepare device_check || { echo "device_check: is the CUDA toolkit installed?" >&2; exit 1; }
   # The CUDA runtime the binaries were linked with (the driver is the GPU
   # machine's own).
   cudart=$(ldd "$BUILD/tests/gpu_test" | awk '/libcudart/ {print $3}')
@@ -32,7 +30,6 @@ prepare() {
   cp -L "$cudart" "$BUNDLE/lib/"
   # Fashion-MNIST (30 MB) is for training, not this check: carry limits are 64 MiB.
   rm -rf "$BUNDLE/data"
-  grep -qx "/$BUNDLE/" .git/info/exclude 2>/dev/null || echo "/$BUNDLE/" >> .git/info/exclude
   du -sh "$BUNDLE"
   echo "device_check: ready; on the GPU machine: bash scripts/device_check.sh run (carry [\"$BUNDLE\"])"
 }

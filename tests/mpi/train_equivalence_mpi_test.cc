@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "blas.h"
 #include "train/equivalence.h"
 
 namespace distribute::train {

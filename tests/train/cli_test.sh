@@ -24,6 +24,7 @@ expect 2 "--global-batch must be >= 1, got 99999999999999999999" --global-batch 
 expect 2 "--epochs needs a whole number from 1 to 2147483647, got ' 3'" --epochs " 3"
 expect 2 "--seed must be >= 0, got -1" --seed -1
 expect 2 "--blas-threads must be from 1 to 1024, got 0" --blas-threads 0
+expect 2 "--blas-core 'Pentium' is not an x86-64 OpenBLAS core known here \(Katmai, " --blas-core Pentium
 # An output that cannot be written is found before the training.
 expect 2 "--metrics $tmp/no/such/folder/m.json: cannot create it in $tmp/no/such/folder" \
   --metrics "$tmp/no/such/folder/m.json"
@@ -93,6 +94,33 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     fails=$((fails + 1))
   fi
   grep -q 'nan' "$tmp/d.svg" && { echo "FAIL: the diverged run's plot draws NaN"; fails=$((fails + 1)); }
+  # OpenBLAS's kernels fit the CPU: the widest the CPU runs, whatever
+  # OpenBLAS picked by itself (0.3.21 picks Prescott on the device
+  # machine's Xeon); a core the user asks for is kept.
+  flags=$(grep -m1 '^flags' /proc/cpuinfo)
+  has() { grep -qw "$1" <<<"$flags"; }
+  if has avx512f && has avx512cd && has avx512bw && has avx512dq && has avx512vl; then
+    want='(SkylakeX|Cooperlake|SapphireRapids) kernels'
+  elif has avx2 && has fma; then
+    want='(Haswell|Zen|Excavator) kernels'
+  else
+    want='kernels'
+  fi
+  saved_core=${OPENBLAS_CORETYPE-}
+  unset OPENBLAS_CORETYPE
+  expect 0 "$want, 1 thread(, chosen by OpenBLAS|; OPENBLAS_CORETYPE=[A-Za-z]+ set by distribute-train: OpenBLAS picked)" \
+    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-core auto
+  [ -n "$saved_core" ] && export OPENBLAS_CORETYPE=$saved_core
+  # A core asked for runs the program again with it, and says so.
+  expect 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott set by distribute-train for --blas-core" \
+    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-core prescott
+  # OPENBLAS_CORETYPE set by the user is kept (run through a wrapper that sets it).
+  bin_real=$bin
+  bin=$(mktemp "$tmp/with-core.XXXX")
+  printf '#!/bin/sh\nOPENBLAS_CORETYPE=Prescott exec "%s" "$@"\n' "$bin_real" >"$bin"
+  chmod +x "$bin"
+  expect 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott, as set\)" --epochs 1 --steps-per-epoch 2 --replicas 1
+  bin=$bin_real
 else
   echo "FAIL: the Fashion-MNIST files are missing (scripts/setup.sh installs dataset-fashion-mnist)"
   fails=$((fails + 1))

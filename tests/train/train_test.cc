@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "blas.h"
 #include "equivalence.h"
 #include "fashion_mnist.h"
 #include "mlp.h"
@@ -119,6 +120,42 @@ TEST(MlpTest, EmptyBatchGivesZeroGradientsAndBadInputIsRefused) {
     EXPECT_THROW(mlp->evaluate(Tensor(DType::kFloat32, Shape{2, 5}), constant({0, 1}), ws), InvalidArgumentError);
     EXPECT_THROW(mlp->evaluate(Tensor(DType::kFloat32, Shape{2, 4}), constant({0, 7}), ws), InvalidArgumentError);
   });
+}
+
+// ---- OpenBLAS's kernels ---------------------------------------------------------------
+
+TEST(BlasFitTest, CoreNamesHaveTheirKernelsLevelInAnyCase) {
+  EXPECT_EQ(blas_core_level("Prescott"), SimdLevel::kSse);
+  EXPECT_EQ(blas_core_level("sandybridge"), SimdLevel::kAvx);
+  EXPECT_EQ(blas_core_level("HASWELL"), SimdLevel::kAvx2);
+  EXPECT_EQ(blas_core_level("Zen"), SimdLevel::kAvx2);
+  EXPECT_EQ(blas_core_level("SkylakeX"), SimdLevel::kAvx512);
+  EXPECT_EQ(blas_core_level("Cooperlake"), SimdLevel::kAvx512);
+  EXPECT_EQ(blas_core_level("NEOVERSEN1"), SimdLevel::kUnknown);
+  EXPECT_EQ(blas_core_level(""), SimdLevel::kUnknown);
+}
+
+// A known core below the CPU's level gets the generic core of that level;
+// one that fits, is above, or is unknown is left alone.
+TEST(BlasFitTest, ABetterCoreOnlyWhereOpenBlasPickedOneBelowTheCpu) {
+  EXPECT_EQ(better_blas_core("Prescott", SimdLevel::kAvx512), "SkylakeX");  // the device machine's Xeon
+  EXPECT_EQ(better_blas_core("Haswell", SimdLevel::kAvx512), "SkylakeX");   // an AVX-512 AMD EPYC
+  EXPECT_EQ(better_blas_core("Nehalem", SimdLevel::kAvx2), "Haswell");
+  EXPECT_EQ(better_blas_core("Prescott", SimdLevel::kAvx), "SandyBridge");
+  EXPECT_EQ(better_blas_core("Haswell", SimdLevel::kAvx2), std::nullopt);
+  EXPECT_EQ(better_blas_core("Zen", SimdLevel::kAvx2), std::nullopt);
+  EXPECT_EQ(better_blas_core("SapphireRapids", SimdLevel::kAvx512), std::nullopt);
+  EXPECT_EQ(better_blas_core("SkylakeX", SimdLevel::kAvx2), std::nullopt);
+  EXPECT_EQ(better_blas_core("Prescott", SimdLevel::kSse), std::nullopt);
+  EXPECT_EQ(better_blas_core("ARMV8", SimdLevel::kAvx512), std::nullopt);
+  EXPECT_EQ(better_blas_core("Prescott", SimdLevel::kUnknown), std::nullopt);
+}
+
+TEST(BlasFitTest, TheCpuLevelIsKnownAndNamed) {
+  const SimdLevel cpu = cpu_simd_level();
+  EXPECT_NE(cpu, SimdLevel::kUnknown);
+  EXPECT_NE(to_string(cpu), "unknown");
+  EXPECT_NE(blas_description().find(" kernels, "), std::string::npos) << blas_description();
 }
 
 // ---- the IDX reader -------------------------------------------------------------------

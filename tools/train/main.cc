@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "agree.h"
+#include "blas.h"
 #include "flags.h"
 #include "output.h"
 #include "trainer.h"
@@ -47,6 +48,9 @@ constexpr const char* kUsage = R"(usage: distribute-train [options]
   --metrics FILE       write the per-epoch metrics as JSON
   --plot FILE          draw the learning curves as an SVG picture
   --blas-threads N     OpenBLAS threads per GEMM                          (default: 1)
+  --blas-core NAME     OpenBLAS kernels: auto (the widest the CPU runs, where
+                       OpenBLAS picked narrower ones and OPENBLAS_CORETYPE is
+                       unset) or a core name (Haswell, SkylakeX, ...)    (default: auto)
   --help               this text
 )";
 
@@ -60,6 +64,7 @@ struct Args {
   std::string metrics;
   std::string plot;
   int blas_threads = 1;
+  std::string blas_core = "auto";
 };
 
 using tools::parse_int;
@@ -108,6 +113,10 @@ Args parse(int argc, char** argv) {
       a.plot = value;
     } else if (flag == "--blas-threads") {
       a.blas_threads = parse_int32(flag, value, 1, 1024);
+    } else if (flag == "--blas-core") {
+      const std::string why = value == "auto" ? "" : refuse_blas_core(value, cpu_simd_level());
+      if (!why.empty()) throw UsageError("--blas-core " + why);
+      a.blas_core = value;
     } else {
       throw UsageError("unknown flag: " + flag);
     }
@@ -392,7 +401,9 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    const Args a = parse(argc, argv);
+    fit_blas_to_cpu(argv, a.blas_core);  // before any thread or MPI: it may run the program again
+    return run(a);
   } catch (const UsageError& e) {
     std::cerr << "distribute-train: " << e.what() << "\n" << kUsage;
     return 2;

@@ -10,15 +10,6 @@
 
 #include "core/kernel_clones.h"
 
-// OpenBLAS's own entry points (cblas.h declares them in OpenBLAS builds; these
-// declarations keep the file independent of which cblas.h is found).
-extern "C" {
-void openblas_set_num_threads(int num_threads);
-char* openblas_get_config(void);
-char* openblas_get_corename(void);
-int openblas_get_num_threads(void);
-}
-
 namespace distribute::train {
 
 Mlp::Mlp(std::vector<int> layer_sizes, std::uint64_t seed) : sizes_(std::move(layer_sizes)) {
@@ -181,15 +172,6 @@ std::vector<GradientAndVariable> Mlp::gradients_and_variables(const Workspace& w
   out.reserve(variables_.size());
   for (std::size_t i = 0; i < variables_.size(); ++i) out.emplace_back(ws.gradients.at(i), variables_[i]);
   return out;
-}
-
-void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
-
-std::string blas_description() {
-  std::string config = openblas_get_config();
-  const int threads = openblas_get_num_threads();
-  return config + " (" + openblas_get_corename() + " kernels, " + std::to_string(threads) +
-         (threads == 1 ? " thread)" : " threads)");
 }
 
 }  // namespace distribute::train

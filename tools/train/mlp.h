@@ -52,10 +52,4 @@ class Mlp {
   std::vector<Variable> variables_;  // kernel_0, bias_0, kernel_1, bias_1, ...
 };
 
-// OpenBLAS's thread count for every GEMM of this process (1: each replica's
-// GEMMs run on its own thread only).
-void set_blas_threads(int threads);
-// "OpenBLAS 0.3.21 (SkylakeX kernels, 1 thread)", for logs and benchmarks.
-std::string blas_description();
-
 }  // namespace distribute::train
