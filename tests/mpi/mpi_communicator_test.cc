@@ -64,7 +64,9 @@ TEST_P(MpiAllReduceTest, MatchesReferenceOnEveryRank) {
   MpiCommunicator comm;
   // Counts straddle the header-round path (64 KiB) for the wider dtypes; the
   // scatter path (over 1 MiB received) is in LargeAllReduceScattersSlices.
-  for (std::size_t count : {0u, 1u, 7u, 1000u, 4097u, 65537u}) {
+  // 12288: 48 KiB of 4-byte elements, one step on 2 ranks, sliced on 3
+  // (ranks x bytes above 128 KiB).
+  for (std::size_t count : {0u, 1u, 7u, 1000u, 4097u, 12288u, 65537u}) {
     for (bool in_place : {false, true}) expect_all_reduce(comm, dtype, op, count, in_place);
   }
 }

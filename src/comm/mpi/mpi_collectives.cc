@@ -40,6 +40,18 @@ constexpr std::size_t kSharedAllReduceBytes = std::size_t{4} << 20;
 // slice (shared_all_reduce).
 constexpr std::size_t kSharedReduceAllBytes = std::size_t{64} << 10;
 static_assert(kSharedReduceAllBytes <= NodeSharedMemory::kChunkBytes);
+// ... and while what each rank reads that way, ranks x bytes, is at most
+// this: the one step makes every rank read every input, the sliced path
+// about three times the message whatever the ranks. With 2 ranks this is
+// the 64 KiB above; with 16 it is 8 KiB, where 16 workers reading every
+// input were 1.2 to 1.8x slower than MPI_Allreduce from 4 to 64 KiB (issue
+// #36, on the 16-core device machine). A count of bytes moved, not yet
+// measured on many cores (scripts/many_cores_check.sh measures 16 x 1).
+constexpr std::size_t kSharedReduceAllReadBytes = std::size_t{128} << 10;
+
+bool shared_reduce_all(int ranks, std::size_t bytes) {
+  return bytes <= kSharedReduceAllBytes && static_cast<std::size_t>(ranks) * bytes <= kSharedReduceAllReadBytes;
+}
 
 // FNV-1a of every rank's block size: ranks that agree on them all agree on
 // this (never 0, which says "no layout").
@@ -111,7 +123,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
                                       .kind = static_cast<std::uint32_t>(Kind::kAllReduce),
                                       .dtype = static_cast<std::uint32_t>(dtype),
                                       .op = static_cast<std::uint32_t>(op)};
-    if (bytes <= kSharedReduceAllBytes) {
+    if (shared_reduce_all(size_, bytes)) {
       // Small: every rank's input through its buffer, one step; every rank
       // reduces all of them in rank order (the same bits everywhere).
       const std::uint64_t step = shared_->next_step();
