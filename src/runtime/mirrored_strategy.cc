@@ -5,10 +5,10 @@
 #include <charconv>
 #include <exception>
 #include <functional>
-#include <thread>
 
 #include "core/ascii_case.h"
 #include "core/device_registry.h"
+#include "core/host_cpus.h"
 #include "core/payload_list.h"
 #include "core/recent_answers.h"
 #include "distribute/multi_worker_mirrored_strategy.h"
@@ -141,9 +141,9 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
 }
 
 std::vector<std::string> all_cpus() {
-  const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  const int n = internal::usable_cpus();  // the CPUs this process may use (taskset, a container's cpuset)
   std::vector<std::string> devices;
-  for (unsigned i = 0; i < n; ++i) devices.push_back("CPU:" + std::to_string(i));
+  for (int i = 0; i < n; ++i) devices.push_back("CPU:" + std::to_string(i));
   return devices;
 }
 }  // namespace

@@ -1,5 +1,6 @@
 // Strategy construction, run, reduce, gather, local results and extended().
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cmath>
@@ -70,7 +71,11 @@ TEST(MirroredStrategyTest, ConstructionRules) {
   EXPECT_NE(dup.find("No duplicates allowed in `devices` argument"), std::string::npos) << dup;
   expect_gpu_refused([] { MirroredStrategy({"GPU:0", "GPU:1"}); });
   MirroredStrategy all;
-  EXPECT_EQ(all.num_replicas_in_sync(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  // One replica per CPU this process may use (its affinity mask).
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
+  EXPECT_EQ(all.num_replicas_in_sync(), CPU_COUNT(&mask));
 }
 
 TEST(MirroredStrategyTest, ManyVirtualDevices) {

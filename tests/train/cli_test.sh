@@ -94,6 +94,15 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     fails=$((fails + 1))
   fi
   grep -q 'nan' "$tmp/d.svg" && { echo "FAIL: the diverged run's plot draws NaN"; fails=$((fails + 1)); }
+  # One replica per CPU this process may use (not per CPU of the machine).
+  if command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ]; then
+    bin_real=$bin
+    bin=$(mktemp "$tmp/one-cpu.XXXX")
+    printf '#!/bin/sh\nexec taskset -c 0 "%s" "$@"\n' "$bin_real" >"$bin"
+    chmod +x "$bin"
+    expect 0 "MirroredStrategy\(1 replica: CPU:0\).*; 1 CPU of [0-9]+, [0-9]+ NUMA node" --epochs 1 --steps-per-epoch 2
+    bin=$bin_real
+  fi
   # OpenBLAS's kernels fit the CPU: the widest the CPU runs, whatever
   # OpenBLAS picked by itself (0.3.21 picks Prescott on the device
   # machine's Xeon); a core the user asks for is kept.

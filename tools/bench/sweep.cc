@@ -16,6 +16,7 @@
 
 #include "api.h"
 #include "check.h"
+#include "core/host_cpus.h"
 #include "distribute/dtype.h"
 #include "distribute/mirrored_strategy.h"
 #include "distribute/reduce_op.h"
@@ -80,9 +81,9 @@ double memcpy_reference(int replicas, std::size_t bytes, int iters) {
 // The comment lines above the table: the run, what each side measures, and the columns.
 void print_header(const Options& o) {
   const bool both = o.api == "both";
-  std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %u cores\n", o.op.c_str(),
+  std::printf("# distribute-bench: %s %s %s, %d replicas, api=%s, iters=%d warmup=%d, %s\n", o.op.c_str(),
               std::string(to_string(o.dtype)).c_str(), std::string(to_string(o.redop)).c_str(), o.replicas,
-              o.api.c_str(), o.iters, o.warmup, std::thread::hardware_concurrency());
+              o.api.c_str(), o.iters, o.warmup, internal::describe_host_cpus().c_str());
   if (o.api != "raw" && !o.merge_call) {
     std::printf("# api: every replica's result views one shared output (read-only) once %s\n",
                 o.op == "all_gather"   ? "a contribution passes 4 KiB"

@@ -17,11 +17,11 @@
 #include <sstream>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include "agree.h"
 #include "blas.h"
+#include "core/host_cpus.h"
 #include "flags.h"
 #include "output.h"
 #include "trainer.h"
@@ -334,7 +334,7 @@ void print_epoch(const Args& a, int epoch, const EpochStats& train, const EvalSt
 
 int run(const Args& a) {
   set_blas_threads(a.blas_threads);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = internal::usable_cpus();
   std::unique_ptr<Strategy> owned;
   Strategy* s = nullptr;
   std::shared_ptr<Communicator> workers;
@@ -363,7 +363,7 @@ int run(const Args& a) {
     std::cout << "distribute-train: " << s->describe() << ", " << a.config.optimizer << ", global batch "
               << a.config.global_batch << ", " << trainer.model().num_parameters() << " parameters, "
               << data.train.size() << " training and " << data.test.size() << " test images; " << blas_description()
-              << "\n";
+              << "; " << internal::describe_host_cpus() << "\n";
   }
   const bool bar = chief && isatty(STDERR_FILENO);
   std::vector<EpochRecord> records;

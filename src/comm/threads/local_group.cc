@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/host_cpus.h"
 #include "core/seconds.h"
 #include "core/whole_number.h"
 
@@ -47,9 +48,9 @@ int spin_microseconds() {
 // With more members than cores a spinner would steal the core of the member
 // it waits for, so the waiter yields its core instead of pausing: the
 // scheduler runs the late member at once, without a sleep and a wake-up.
-bool yield_while_waiting(int size) {
-  return static_cast<unsigned>(size) > std::max(1u, std::thread::hardware_concurrency());
-}
+// (The CPUs this process may use, not the machine's: under taskset or a
+// container's cpuset, 16 replicas on 2 allowed CPUs of 64 must yield.)
+bool yield_while_waiting(int size) { return size > usable_cpus(); }
 // A small arrival is ordered before the look at small_sleepers_ that follows it
 // (wake_sleepers) by a seq_cst fence after the wait, so that the store itself
 // need not wait for its cache line (a seq_cst store waits: measured 60% of a
