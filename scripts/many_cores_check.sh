@@ -10,7 +10,8 @@
 # `run` writes every table to stdout and to $OUT/many_cores/ when OUT is set:
 #   1. the machine: cores, NUMA nodes, the CPU's vector level, OpenBLAS's pick;
 #   2. all_reduce in one process with 2, 4, 8 and 16 replicas, and 8 and 16
-#      beside as many OpenMPI processes (bench/compare_mpi.sh);
+#      beside as many OpenMPI processes (bench/compare_mpi.sh); 16 through
+#      the API beside the engine;
 #   3. the small all_reduce of 8 and 16 replicas with one round, two rounds
 #      and the default rule (DISTRIBUTE_ONE_ROUND_READ_BYTES);
 #   4. MultiWorkerMirroredStrategy beside MPI_Allreduce, 16 x 1 and 4 x 4;
@@ -76,6 +77,9 @@ run() {
   for r in 8 16; do
     step "vs_mpi_${r}" 90 bash bench/compare_mpi.sh --bundle "$BUNDLE" --replicas "$r" -b 8 -e 256M -f 4 --iters 20
   done
+  # Through the API beside the engine, alternating (the shared outputs'
+  # thresholds were measured with 2 and 4 replicas only).
+  step api_16 40 "$X" distribute-bench --op all_reduce --replicas 16 --api both -b 8 -e 16M -f 4 --iters 20
   for r in 8 16; do
     for budget in 1048576 0 default; do
       local env_set=()

@@ -143,6 +143,7 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
 std::vector<std::string> all_cpus() {
   const int n = internal::usable_cpus();  // the CPUs this process may use (taskset, a container's cpuset)
   std::vector<std::string> devices;
+  devices.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) devices.push_back("CPU:" + std::to_string(i));
   return devices;
 }
