@@ -13,14 +13,21 @@
 namespace distribute::internal {
 namespace {
 
-// The CPUs of the affinity mask, or none if it cannot be read.
-std::vector<int> affinity_cpus() {
+// The CPUs of the affinity mask; if it cannot be read, the machine's (at
+// least one).
+std::vector<int> usable_cpu_list() {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) {
+      cpus.push_back(static_cast<int>(c));
+    }
   }
   return cpus;
 }
@@ -32,11 +39,7 @@ bool parse_int(std::string_view s, int& out) {
 
 }  // namespace
 
-int usable_cpus() {
-  const std::vector<int> cpus = affinity_cpus();
-  if (!cpus.empty()) return static_cast<int>(cpus.size());
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int usable_cpus() { return static_cast<int>(usable_cpu_list().size()); }
 
 std::vector<int> parse_cpu_list(const std::string& text) {
   std::vector<int> cpus;
@@ -62,10 +65,7 @@ std::vector<int> parse_cpu_list(const std::string& text) {
 }
 
 std::vector<NumaNode> numa_nodes(const std::string& sysfs_node_dir) {
-  std::vector<int> usable = affinity_cpus();
-  if (usable.empty()) {
-    for (int c = 0; c < usable_cpus(); ++c) usable.push_back(c);
-  }
+  const std::vector<int> usable = usable_cpu_list();
   std::vector<NumaNode> nodes;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(sysfs_node_dir, ec)) {

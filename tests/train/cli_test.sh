@@ -94,14 +94,21 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     fails=$((fails + 1))
   fi
   grep -q 'nan' "$tmp/d.svg" && { echo "FAIL: the diverged run's plot draws NaN"; fails=$((fails + 1)); }
+  # expect_through "PREFIX..." CODE PATTERN ARGS...: `expect`, with the tool
+  # started through PREFIX (taskset, env) by a wrapper script.
+  expect_through() {
+    local real=$bin prefix=$1
+    shift
+    bin=$(mktemp "$tmp/through.XXXX")
+    printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$prefix" "$real" >"$bin"
+    chmod +x "$bin"
+    expect "$@"
+    bin=$real
+  }
   # One replica per CPU this process may use (not per CPU of the machine).
   if command -v taskset >/dev/null && [ "$(nproc --all)" -ge 2 ]; then
-    bin_real=$bin
-    bin=$(mktemp "$tmp/one-cpu.XXXX")
-    printf '#!/bin/sh\nexec taskset -c 0 "%s" "$@"\n' "$bin_real" >"$bin"
-    chmod +x "$bin"
-    expect 0 "MirroredStrategy\(1 replica: CPU:0\).*; 1 CPU of [0-9]+, [0-9]+ NUMA node" --epochs 1 --steps-per-epoch 2
-    bin=$bin_real
+    expect_through "taskset -c 0" 0 "MirroredStrategy\(1 replica: CPU:0\).*; 1 CPU of [0-9]+, [0-9]+ NUMA node" \
+      --epochs 1 --steps-per-epoch 2
   fi
   # OpenBLAS's kernels fit the CPU: the widest the CPU runs, whatever
   # OpenBLAS picked by itself (0.3.21 picks Prescott on the device
@@ -115,21 +122,15 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   else
     want='kernels'
   fi
-  saved_core=${OPENBLAS_CORETYPE-}
-  unset OPENBLAS_CORETYPE
-  expect 0 "$want, 1 thread(, chosen by OpenBLAS|; OPENBLAS_CORETYPE=[A-Za-z]+ set by distribute-train: OpenBLAS picked)" \
+  expect_through "env -u OPENBLAS_CORETYPE" 0 \
+    "$want, 1 thread(, chosen by OpenBLAS|; OPENBLAS_CORETYPE=[A-Za-z]+ set by distribute-train: OpenBLAS picked)" \
     --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-core auto
-  [ -n "$saved_core" ] && export OPENBLAS_CORETYPE=$saved_core
   # A core asked for runs the program again with it, and says so.
   expect 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott set by distribute-train for --blas-core" \
     --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-core prescott
-  # OPENBLAS_CORETYPE set by the user is kept (run through a wrapper that sets it).
-  bin_real=$bin
-  bin=$(mktemp "$tmp/with-core.XXXX")
-  printf '#!/bin/sh\nOPENBLAS_CORETYPE=Prescott exec "%s" "$@"\n' "$bin_real" >"$bin"
-  chmod +x "$bin"
-  expect 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott, as set\)" --epochs 1 --steps-per-epoch 2 --replicas 1
-  bin=$bin_real
+  # OPENBLAS_CORETYPE set by the user is kept.
+  expect_through "env OPENBLAS_CORETYPE=Prescott" 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott, as set\)" \
+    --epochs 1 --steps-per-epoch 2 --replicas 1
 else
   echo "FAIL: the Fashion-MNIST files are missing (scripts/setup.sh installs dataset-fashion-mnist)"
   fails=$((fails + 1))
