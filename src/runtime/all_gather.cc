@@ -79,20 +79,31 @@ internal::GatherLayout same_shapes_layout(const ReplicaChannel& ch, const Tensor
                                  [along](std::size_t) { return along; });
 }
 
-// Gathers every leaf; `sigs` gives every member's shapes (nullptr: all are this replica's).
-std::vector<Tensor> gather_values(ReplicaChannel& ch, const std::vector<Tensor>& leaves, int axis,
-                                  const std::vector<Signature>* sigs, CollectiveCall data_call) {
+// Every leaf's layout; `sigs` gives every member's shapes (nullptr: all are
+// this replica's). Worked out before the first data round, so that a size
+// past int64 is found before any data moves.
+std::vector<internal::GatherLayout> gather_layouts(const ReplicaChannel& ch, const std::vector<Tensor>& leaves,
+                                                   int axis, const std::vector<Signature>* sigs) {
   const auto members = static_cast<std::size_t>(ch.comm->size());
-  std::vector<Tensor> out;
-  out.reserve(leaves.size());
+  std::vector<internal::GatherLayout> layouts;
+  layouts.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const Tensor& leaf = leaves[i];
     const auto a = static_cast<std::size_t>(axis < 0 ? axis + leaf.rank() : axis);
-    out.push_back(gather_leaf(
-        ch, leaf,
+    layouts.push_back(
         sigs ? internal::gather_layout(leaf, axis, members, [&](std::size_t q) { return (*sigs)[q].leaves[i].dims[a]; })
-             : same_shapes_layout(ch, leaf, axis),
-        data_call));
+             : same_shapes_layout(ch, leaf, axis));
+  }
+  return layouts;
+}
+
+// Gathers every leaf, as laid out.
+std::vector<Tensor> gather_values(ReplicaChannel& ch, const std::vector<Tensor>& leaves,
+                                  const std::vector<internal::GatherLayout>& layouts, CollectiveCall data_call) {
+  std::vector<Tensor> out;
+  out.reserve(leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    out.push_back(gather_leaf(ch, leaves[i], layouts[i], data_call));
     data_call.signature_tag = 0;
   }
   return out;
@@ -103,14 +114,30 @@ std::vector<Tensor> gather_values(ReplicaChannel& ch, const std::vector<Tensor>&
 // Every replica takes the same rounds: a replica with nothing to gather, or
 // an invalid value, offers its hash in a barrier. Returns nothing if the
 // hashes differ (ragged values, a mismatch, a local error).
+//
+// A replica whose own size along the axis, taken once per replica, passes
+// int64 cannot lay the result out this way, though the values may be ragged
+// with a total that fits (one huge empty value among small ones): it offers
+// its hash with bit 0 set, which sends every replica to the slow path, where
+// the sizes of all decide, alike on every replica. (Raising here would raise
+// on this replica alone, and leave the others waiting for it.)
 std::optional<std::vector<Tensor>> gather_same_shapes(ReplicaChannel& ch, const std::vector<Tensor>& leaves, int axis,
-                                                      bool local_error, const CollectiveCall& first) {
+                                                      bool local_error, CollectiveCall first) {
+  std::vector<internal::GatherLayout> layouts;
+  if (!local_error) {
+    try {
+      layouts = gather_layouts(ch, leaves, axis, nullptr);
+    } catch (const Error&) {
+      first.signature_tag |= 1;
+      local_error = true;
+    }
+  }
   try {
     if (leaves.empty() || local_error) {
       ch.comm->barrier(first);
       if (leaves.empty()) return std::vector<Tensor>{};
     } else {
-      return gather_values(ch, leaves, axis, nullptr, first);
+      return gather_values(ch, leaves, layouts, first);
     }
   } catch (const SignatureMismatch&) {
   }
@@ -128,7 +155,14 @@ std::vector<Tensor> gather_after_mismatch(const ReplicaContext& ctx, ReplicaChan
   std::vector<Signature> sigs;
   for (const auto& p : ch.comm->exchange(sig.encode(), untagged)) sigs.push_back(Signature::decode(p));
   check_agreed(ch, sigs, first_replica_of_group(ctx), internal::ShapeRule::kAllButAxis, axis, namer_for(paths));
-  return gather_values(ch, leaves, axis, &sigs, call);
+  std::vector<internal::GatherLayout> layouts;
+  try {
+    layouts = gather_layouts(ch, leaves, axis, &sigs);
+  } catch (const Error&) {
+    ch.agreed_failure = true;  // worked out from every replica's sizes: every replica raises it
+    throw;
+  }
+  return gather_values(ch, leaves, layouts, call);
 }
 }  // namespace
 
@@ -166,8 +200,7 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
     try {
       if (!verdict.error_code) entry.extra = same_shapes_layout(ch, value, axis);
     } catch (const Error&) {
-      // Sizes past int64: raised below where a layout is needed, so that
-      // an invalid option elsewhere still gives every replica its error.
+      // Sizes past int64: no layout; the slow path decides, below.
     }
     return entry;
   });
@@ -177,8 +210,12 @@ Tensor ReplicaContext::all_gather(const Tensor& value, int axis, const Communica
   try {
     if (sig.error_code) {
       ch.comm->barrier(first);  // the tag says this replica's value is invalid: every replica throws
+    } else if (!memo.extra) {
+      // Its size along the axis, once per replica, passes int64: every
+      // replica to the slow path (as gather_same_shapes says).
+      first.signature_tag |= 1;
+      ch.comm->barrier(first);
     } else {
-      if (!memo.extra) return gather_leaf(ch, value, same_shapes_layout(ch, value, axis), first);  // raises
       return gather_leaf(ch, value, *memo.extra, first);
     }
   } catch (const SignatureMismatch&) {

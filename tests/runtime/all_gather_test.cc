@@ -341,5 +341,38 @@ TEST(AllGatherTest, EmptyValueWithVeryManyRowsReturnsAtOnce) {
   EXPECT_EQ(fill(DType::kFloat32, Shape{2, 0}, 0).to_list_string(), "[[], []]");
 }
 
+// Ragged values whose total along the axis fits, though one replica's own
+// size taken once per replica does not (the fast path's layout): every
+// replica gathers. Past the limit in total, every replica raises the same
+// error (none raises alone while the others wait), and the strategy goes on.
+TEST(AllGatherTest, SizesNearTheLimitDecideOnEveryReplicaAlike) {
+  const std::int64_t huge = std::int64_t{1} << 62;
+  for (const int n : {2, 3}) {
+    auto s = testing::mirrored(n);
+    // n = 2: 2^62 + 1 fits; n = 3: 2^62 + 2^62 + 1 does not.
+    auto along = [&](int r) { return r + 1 < n ? huge : 1; };
+    auto r = s->run([&](ReplicaContext& ctx) {
+      const Tensor mine = fill(DType::kFloat32, Shape{0, along(ctx.replica_id_in_sync_group())}, 0);
+      std::vector<std::string> seen;
+      for (const bool nest : {false, true}) {
+        try {
+          const Tensor out = nest ? ctx.all_gather(N::list({N(mine)}), 1)[0].leaf() : ctx.all_gather(mine, 1);
+          seen.push_back(out.shape().to_string());
+        } catch (const InvalidArgumentError& e) {
+          seen.push_back(e.what());
+        }
+      }
+      return seen;
+    });
+    const std::string want =
+        n == 2 ? Shape{0, huge + 1}.to_string() : "all_gather: the sizes along axis 1 add up to more than 2^63 - 1";
+    for (const auto& seen : r.values()) {
+      for (const std::string& got : seen) EXPECT_NE(got.find(want), std::string::npos) << n << " replicas: " << got;
+    }
+    EXPECT_EQ(s->run([](ReplicaContext& ctx) { return ctx.all_gather(constant({1.f}), 0); }).values()[0],
+              fill(DType::kFloat32, Shape{n}, 1));
+  }
+}
+
 }  // namespace
 }  // namespace distribute

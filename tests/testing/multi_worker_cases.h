@@ -303,6 +303,33 @@ inline void AllGatherRaggedNested(const WorkerEnv& env) {
   }
 }
 
+// all_gather of empty values whose sizes along the axis are near 2^63: one
+// replica's own size, taken once per replica, passes int64 while the total
+// fits, and every replica of every worker gathers; past the limit in total,
+// every replica raises the same error at once. (Before, that one replica
+// raised the overflow alone, a valid total included, and the others failed
+// with another error: it had returned without the collective.)
+inline void AllGatherSizesNearTheLimitDecideAlike(const WorkerEnv& env) {
+  auto s = env.strategy();
+  const std::int64_t huge = std::int64_t{1} << 62;
+  for (const int huge_replicas : {1, 2}) {
+    auto r = s->run([&](ReplicaContext& ctx) {
+      const std::int64_t along = ctx.replica_id_in_sync_group() < huge_replicas ? huge : 1;
+      try {
+        return ctx.all_gather(fill(DType::kFloat32, Shape{0, along}, 0), 1).shape().to_string();
+      } catch (const InvalidArgumentError& e) {
+        return std::string(e.what());
+      }
+    });
+    const std::int64_t others = env.replicas() - huge_replicas;
+    const std::string want = huge_replicas == 1 ? Shape{0, huge + others}.to_string()
+                                                : "the sizes along axis 1 add up to more than 2^63 - 1";
+    for (const std::string& got : r.values()) {
+      EXPECT_NE(got.find(want), std::string::npos) << huge_replicas << " huge value(s): " << got;
+    }
+  }
+}
+
 // ReplicaContext::broadcast from every replica of the cluster: a lone value
 // below and past the 4 KiB from which a worker's replicas share one result,
 // and a nest of two dtypes; then replicas naming different roots fail alike
@@ -1115,6 +1142,7 @@ inline void InjectedFaultsFailAlikeEverywhere(const WorkerEnv& env) {
   X(NonDistributedValuesAreOnePerWorker)                   \
   X(SumAssignOfOneValueIsRefused)                          \
   X(AllGatherRaggedNested)                                 \
+  X(AllGatherSizesNearTheLimitDecideAlike)                 \
   X(ReplicaBroadcastFromEveryRoot)                         \
   X(MergeCallOncePerWorkerAndReduceToAcrossWorkers)        \
   X(StrategyReduceGatherAndBroadcastTo)                    \
