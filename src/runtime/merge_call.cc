@@ -36,6 +36,7 @@ using internal::Signature;
 namespace internal {
 MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
   MergeTypes out;
+  out.types.assign(types.begin(), types.end());
   for (const std::type_info* t : types) {
     int status = 0;
     char* name = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
@@ -51,6 +52,34 @@ MergeTypes merge_types(std::initializer_list<const std::type_info*> types) {
 
 namespace {
 constexpr const char* kMergeTypesField = "merge_fn and argument types";
+
+bool same_types(const internal::MergeTypes& a, const internal::MergeTypes& b) {
+  if (&a == &b) return true;  // one instantiation: the common case
+  if (a.types.size() != b.types.size()) return false;
+  for (std::size_t i = 0; i < a.types.size(); ++i) {
+    if (*a.types[i] != *b.types[i]) return false;
+  }
+  return true;
+}
+
+// After a first round whose digests agreed: types of the same names that are
+// not the same types. Every replica sees every replica's types, so all find
+// the same first pair and raise the same error, and replica 0 runs no merge_fn
+// on arguments of another type.
+void check_same_types(const std::vector<internal::RendezvousEntry>& entries, const CollectiveCall& call,
+                      int first_replica) {
+  auto types_of = [&](std::size_t r) { return static_cast<const internal::MergeTypes*>(entries[r].object.get()); };
+  std::size_t other = 1;
+  while (other < entries.size() && same_types(*types_of(0), *types_of(other))) ++other;
+  if (other == entries.size()) return;
+  throw FailedPreconditionError(
+      "merge_call #" + std::to_string(call.sequence) + ": the replicas passed different " + kMergeTypesField +
+      ": replica " + std::to_string(first_replica) + " and replica " +
+      std::to_string(first_replica + static_cast<int>(other)) + " passed types of the same names (" +
+      types_of(0)->names +
+      ") that are not the same types (a lambda, or a type in an unnamed namespace, is a type of its own in each "
+      "file). Every replica must call merge_call with the same merge_fn.");
+}
 }  // namespace
 
 // Kept whole: round 1 hands replica 0 the other replicas' arguments on their
@@ -98,7 +127,11 @@ std::shared_ptr<void> ReplicaContext::merge_call_impl(const internal::MergeTypes
   tag.field(kMergeTypesField, std::string_view(reinterpret_cast<const char*>(&types.digest), sizeof types.digest));
   std::vector<const void*> all_args;
   try {
-    const auto& entries = ch.local->arrive(local_id_, {.send = args, .tag = tag.finish(sig.sequence, false)}, call);
+    // (`object` views the instantiation's MergeTypes, owning nothing.)
+    const std::shared_ptr<void> mine(std::shared_ptr<void>(), const_cast<internal::MergeTypes*>(&types));
+    const auto& entries =
+        ch.local->arrive(local_id_, {.send = args, .object = mine, .tag = tag.finish(sig.sequence, false)}, call);
+    check_same_types(entries, call, replica_id_ - local_id_);
     for (const auto& e : entries) all_args.push_back(e.send);
   } catch (const SignatureMismatch&) {
     sig.fields = {{kMergeTypesField, types.names}};

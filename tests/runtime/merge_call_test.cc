@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/threads/local_group.h"
+#include "runtime/merge_call_other_file.h"
 #include "runtime/mode.h"
 #include "runtime/replica_channel.h"
 #include "runtime/replica_pool.h"
@@ -322,6 +323,37 @@ TEST(MergeCallTest, DifferentMergeFunctionsAreDetected) {
   EXPECT_NE(messages[0].find("merge_call #1: the replicas passed different merge_fn and argument types"),
             std::string::npos)
       << messages[0];
+}
+
+// distribute::(anonymous namespace)::SameName, as in merge_call_other_file.cc:
+// the same names, another type.
+struct SameName {
+  int operator()(Strategy&, const PerReplica<int>&) const { return 1; }
+};
+
+// Two merge_fn types of one name (each in an unnamed namespace of its own
+// file) have the same names and digest: every replica still raises, and no
+// merge_fn runs on the other's arguments.
+TEST(MergeCallTest, TypesOfTheSameNameFromTwoFilesAreDetected) {
+  for (const int n : {2, 3}) {
+    auto s = testing::mirrored(n);
+    auto r = s->run([&](ReplicaContext& ctx) {
+      try {
+        return ctx.replica_id_in_sync_group() == n - 1 ? testing::merge_call_from_another_file(ctx)
+                                                       : ctx.merge_call(SameName{}, 1);
+      } catch (const FailedPreconditionError& e) {
+        EXPECT_NE(std::string(e.what()).find("merge_call #1: the replicas passed different merge_fn and argument "
+                                             "types: replica 0 and replica " +
+                                             std::to_string(n - 1) + " passed types of the same names"),
+                  std::string::npos)
+            << e.what();
+        return -1;
+      }
+    });
+    for (const int got : r.values()) EXPECT_EQ(got, -1) << n << " replicas";
+    // The same type from every replica, after the failure: merge_fn runs.
+    EXPECT_EQ(s->run([](ReplicaContext& ctx) { return testing::merge_call_from_another_file(ctx); }).values()[0], 2);
+  }
 }
 
 TEST(MergeCallTest, DifferentArgumentTypesAreDetected) {
