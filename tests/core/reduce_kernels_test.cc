@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/axis_reduce.h"
+#include "core/half_bits.h"
 #include "distribute/tensor.h"
 
 namespace distribute {
@@ -287,6 +288,54 @@ TEST(ReduceSourcesTest, IntegerMinMaxIncludeNegatives) {
 }
 
 // ---- floats ----------------------------------------------------------------------
+
+// Every float16 value, alone and with a few others under every op, gives the
+// bits of the conversions on bits (core/half_bits.h): the kernels convert
+// float16 with the CPU's instructions where it has them (F16C), which must
+// round, overflow, keep subnormals and write NaNs as those do.
+TEST(ReduceSourcesTest, Float16MatchesTheConversionsOnBitsForEveryValue) {
+  auto to_float = [](std::uint16_t h) { return std::bit_cast<float>(internal::half_to_float_bits(h)); };
+  auto to_half = [](float f) { return internal::half_from_float_bits(std::bit_cast<std::uint32_t>(f)); };
+  std::vector<float16> every(65536 + 5);  // + 5: a tail past the vectors of 8
+  for (std::size_t i = 0; i < every.size(); ++i) every[i].bits = static_cast<std::uint16_t>(i);
+  std::vector<float16> out(every.size());
+  for (const std::uint16_t other : {0x3c00, 0xc100, 0x2e66, 0x0001, 0x8200, 0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x0400,
+                                    0x1800, 0xd3ff}) {
+    std::vector<float16> second(every.size());
+    for (float16& h : second) h.bits = other;
+    const float b = to_float(other);
+    for (const ReduceOp op :
+         {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kMean}) {
+      const void* srcs[] = {every.data(), second.data()};
+      reduce_sources(out.data(), srcs, every.size(), DType::kFloat16, op);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < every.size() && wrong < 5; ++i) {
+        const float a = to_float(every[i].bits);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        const float r = op == ReduceOp::kSum       ? a + b
+                        : op == ReduceOp::kProduct ? a * b
+                        : op == ReduceOp::kMean    ? (a + b) / 2.f
+                        : a != a || b != b         ? nan
+                        : op == ReduceOp::kMin     ? (b < a ? b : a)
+                                                   : (a < b ? b : a);
+        if (out[i].bits != to_half(r)) {
+          ++wrong;
+          ADD_FAILURE() << to_string(op) << " of 0x" << std::hex << every[i].bits << " and 0x" << other << ": 0x"
+                        << out[i].bits << ", want 0x" << to_half(r);
+        }
+      }
+    }
+  }
+  // Alone (a copy: MEAN of one source by 1, and by 3).
+  for (const std::int64_t divisor : {1, 3}) {
+    const void* srcs[] = {every.data()};
+    reduce_sources(out.data(), srcs, every.size(), DType::kFloat16, ReduceOp::kMean, divisor);
+    for (std::size_t i = 0; i < every.size(); ++i) {
+      ASSERT_EQ(out[i].bits, to_half(to_float(every[i].bits) / static_cast<float>(divisor)))
+          << "0x" << std::hex << every[i].bits << " / " << divisor;
+    }
+  }
+}
 
 // 2048 + 1 + 1 in float16 arithmetic is 2048 (2049 ties to even at each step);
 // accumulated in float32 it is 2050, which float16 represents.
