@@ -7,6 +7,7 @@
 #include "core/reduce_arith.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DISTRIBUTE_F16C 1
 #endif
@@ -26,7 +27,11 @@ constexpr std::size_t kBlock = 256;
 // instruction keeps its payload), so NaNs are rewritten as store() writes
 // them.
 bool have_f16c() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // (F16C from CPUID itself: clang 14's __builtin_cpu_supports does not know it.)
+  static const bool have = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+  }();
   return have;
 }
 
