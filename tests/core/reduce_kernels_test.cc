@@ -299,13 +299,12 @@ TEST(ReduceSourcesTest, Float16MatchesTheConversionsOnBitsForEveryValue) {
   std::vector<float16> every(65536 + 5);  // + 5: a tail past the vectors of 8
   for (std::size_t i = 0; i < every.size(); ++i) every[i].bits = static_cast<std::uint16_t>(i);
   std::vector<float16> out(every.size());
-  for (const std::uint16_t other : {0x3c00, 0xc100, 0x2e66, 0x0001, 0x8200, 0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x0400,
-                                    0x1800, 0xd3ff}) {
+  for (const std::uint16_t other :
+       {0x3c00, 0xc100, 0x2e66, 0x0001, 0x8200, 0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x0400, 0x1800, 0xd3ff}) {
     std::vector<float16> second(every.size());
     for (float16& h : second) h.bits = other;
     const float b = to_float(other);
-    for (const ReduceOp op :
-         {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kMean}) {
+    for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kMean}) {
       const void* srcs[] = {every.data(), second.data()};
       reduce_sources(out.data(), srcs, every.size(), DType::kFloat16, op);
       std::size_t wrong = 0;
