@@ -13,6 +13,10 @@
 //   for (const PerReplica<Nest<Tensor>>& batch : dataset) {
 //     strategy.run([&](ReplicaContext& ctx, const Nest<Tensor>& mine) { ... }, batch);
 //   }
+//
+// A BatchFn is one pass over the data. To iterate once per epoch, as a
+// tf.data.Dataset is, pass a DatasetFn instead: each range-for (each
+// begin()) calls it for a new pass.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,10 @@ class InputContext {
 // the data is exhausted.
 using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
 
+// A dataset that can be iterated again: each call starts a new pass over
+// the data (an epoch) and returns its BatchFn.
+using DatasetFn = std::function<BatchFn()>;
+
 // What Strategy::experimental_distribute_dataset and
 // distribute_datasets_from_function return: each get_next() gives every
 // local replica its batch for one step. Under several workers get_next() is
@@ -67,14 +75,22 @@ using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
 // than leaving one waiting in a collective. Not thread-safe. The strategy
 // must outlive it: get_next() after the strategy is destroyed raises
 // FailedPreconditionError.
+//
+// Passes, as TensorFlow's `for x in dist_dataset`: each begin() starts a new
+// pass over a source that can be iterated again (a DatasetFn, or the
+// dataset_fn of distribute_datasets_from_function, called again). A
+// one-shot source (a BatchFn) continues where it stopped, and begin() after
+// it was exhausted raises FailedPreconditionError rather than giving an
+// empty epoch. Under several workers, every worker starts its passes alike.
 class DistributedDataset {
  public:
-  // The next step's batches, one per local replica, or nullopt once no
-  // worker has data left. A replica with no rows left in a partial last
-  // batch gets an empty batch (first dimension 0) of the same structure.
+  // The next step's batches of the current pass (the first pass, if none
+  // was started), one per local replica, or nullopt once no worker has data
+  // left. A replica with no rows left in a partial last batch gets an empty
+  // batch (first dimension 0) of the same structure.
   std::optional<PerReplica<Nest<Tensor>>> get_next();
 
-  // Range-for over the remaining steps.
+  // A range-for over a pass: begin() starts one, as said above.
   class iterator {
    public:
     using value_type = PerReplica<Nest<Tensor>>;
@@ -88,18 +104,26 @@ class DistributedDataset {
     DistributedDataset* dataset_ = nullptr;
     std::optional<value_type> current_;
   };
-  iterator begin() { return iterator(this); }
+  iterator begin();
   iterator end() { return iterator(nullptr); }
 
  private:
   friend struct internal::Access;
-  explicit DistributedDataset(std::shared_ptr<internal::DatasetSource> source) : source_(std::move(source)) {}
-  std::shared_ptr<internal::DatasetSource> source_;
+  using MakePass = std::function<std::shared_ptr<internal::DatasetSource>()>;
+  // `first` is the first pass; `again` makes each later one (null: one-shot).
+  DistributedDataset(std::shared_ptr<internal::DatasetSource> first, MakePass again, std::string api)
+      : source_(std::move(first)), again_(std::move(again)), api_(std::move(api)) {}
+  std::shared_ptr<internal::DatasetSource> source_;  // the current pass
+  MakePass again_;
+  std::string api_;     // the call that made it, for errors
+  bool begun_ = false;  // the current pass has been read from
+  bool ended_ = false;  // the current pass has returned nullopt
 };
 
 namespace internal {
-inline DistributedDataset Access::make_dataset(std::shared_ptr<DatasetSource> source) {
-  return DistributedDataset(std::move(source));
+inline DistributedDataset Access::make_dataset(std::shared_ptr<DatasetSource> first,
+                                               std::function<std::shared_ptr<DatasetSource>()> again, std::string api) {
+  return DistributedDataset(std::move(first), std::move(again), std::move(api));
 }
 }  // namespace internal
 

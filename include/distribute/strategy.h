@@ -46,6 +46,7 @@ class Variable;
 class DistributedDataset;
 class InputContext;
 using BatchFn = std::function<std::optional<Nest<Tensor>>()>;
+using DatasetFn = std::function<BatchFn()>;
 
 // Where a reduce_to / broadcast_to result goes: one device, the devices of a
 // distributed value (for an all-reduce, pass the value itself), or a list.
@@ -253,14 +254,18 @@ class Strategy {
   // (last) batch fills the replicas in order, so later ones may get fewer
   // rows or none. Under several workers every worker must produce the same
   // global batches (the same seed) and keeps its own replicas' rows.
+  // A BatchFn gives one pass; a DatasetFn one per begin() (input.h).
   DistributedDataset experimental_distribute_dataset(BatchFn global_batches, std::int64_t global_batch_size);
-  // Calls dataset_fn once for this worker's input pipeline, with
+  DistributedDataset experimental_distribute_dataset(DatasetFn dataset, std::int64_t global_batch_size);
+  // Calls dataset_fn for this worker's input pipeline, with
   // InputContext(num workers, this worker, num_replicas_in_sync); each step
   // every local replica takes the next batch of that source, in replica
   // order. The function shards and batches itself (per-replica batches).
   // Under several workers, making it is a collective (a failure of
   // dataset_fn on one worker is raised by all): every worker makes its
   // datasets in the same order, in a cross-replica or default context.
+  // Each later pass over the dataset (begin() again) calls dataset_fn
+  // again, on every worker.
   DistributedDataset distribute_datasets_from_function(const std::function<BatchFn(const InputContext&)>& dataset_fn);
 
   // Concatenates every replica's component along `axis` (ragged allowed).

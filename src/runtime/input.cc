@@ -280,7 +280,26 @@ class PipelineSource final : public internal::DatasetSource {
 
 }  // namespace
 
-std::optional<PerReplica<Nest<Tensor>>> DistributedDataset::get_next() { return source_->next(); }
+std::optional<PerReplica<Nest<Tensor>>> DistributedDataset::get_next() {
+  begun_ = true;
+  auto batch = source_->next();
+  ended_ = !batch;
+  return batch;
+}
+
+DistributedDataset::iterator DistributedDataset::begin() {
+  if (begun_ && again_) {
+    source_ = again_();  // a new pass, from the start
+    begun_ = false;
+    ended_ = false;
+  } else if (ended_) {
+    throw FailedPreconditionError(api_ +
+                                  ": the dataset's batch function (a BatchFn) was exhausted by an earlier pass and "
+                                  "cannot be iterated again; pass a DatasetFn, which makes a BatchFn for each pass, "
+                                  "to iterate once per epoch");
+  }
+  return iterator(this);
+}
 
 DistributedDataset::iterator::iterator(DistributedDataset* dataset) : dataset_(dataset) {
   if (dataset_ != nullptr) current_ = dataset_->get_next();
@@ -296,15 +315,34 @@ DistributedDataset::iterator& DistributedDataset::iterator::operator++() {
 DistributedDataset Strategy::experimental_distribute_dataset(BatchFn global_batches, std::int64_t global_batch_size) {
   if (!global_batches) throw InvalidArgumentError("experimental_distribute_dataset: no batch function");
   return internal::Access::make_dataset(
-      std::make_shared<RebatchSource>(*this, std::move(global_batches), global_batch_size));
+      std::make_shared<RebatchSource>(*this, std::move(global_batches), global_batch_size), nullptr,
+      "experimental_distribute_dataset");
 }
 
-DistributedDataset Strategy::distribute_datasets_from_function(
-    const std::function<BatchFn(const InputContext&)>& dataset_fn) {
-  // Its workers agree on dataset_fn's outcome (below): once per worker, not per replica.
-  require_cross_replica_or_default("distribute_datasets_from_function");
-  const int workers = num_replicas_in_sync() / num_local_replicas();
-  const InputContext context(workers, first_replica_id() / num_local_replicas(), num_replicas_in_sync());
+DistributedDataset Strategy::experimental_distribute_dataset(DatasetFn dataset, std::int64_t global_batch_size) {
+  if (!dataset) throw InvalidArgumentError("experimental_distribute_dataset: no dataset function");
+  auto pass = [ref = internal::StrategyRef(*this), dataset = std::move(dataset),
+               global_batch_size]() -> std::shared_ptr<internal::DatasetSource> {
+    Strategy& s = ref.get("the distributed dataset of experimental_distribute_dataset");
+    BatchFn batches = dataset();
+    if (!batches) {
+      throw InvalidArgumentError("experimental_distribute_dataset: the dataset function returned no batch function");
+    }
+    return std::make_shared<RebatchSource>(s, std::move(batches), global_batch_size);
+  };
+  auto first = pass();
+  return internal::Access::make_dataset(std::move(first), std::move(pass), "experimental_distribute_dataset");
+}
+
+namespace {
+
+// One pass of distribute_datasets_from_function: dataset_fn called for this
+// worker's pipeline; under several workers a collective, so that a failure
+// of dataset_fn on one worker is raised by every worker.
+std::shared_ptr<internal::DatasetSource> pipeline_pass(Strategy& s,
+                                                       const std::function<BatchFn(const InputContext&)>& dataset_fn) {
+  const int workers = s.num_replicas_in_sync() / s.num_local_replicas();
+  const InputContext context(workers, s.first_replica_id() / s.num_local_replicas(), s.num_replicas_in_sync());
   BatchFn batches;
   LocalFailure failure;
   failure.run(
@@ -320,8 +358,25 @@ DistributedDataset Strategy::distribute_datasets_from_function(
   // wait for it in their first get_next.
   // (Its own name: a worker making a dataset while another reads one is a
   // mismatch, not one call taken for the other.)
-  failure.exchange(*this, "", "distribute_datasets_from_function (making the dataset)");
-  return internal::Access::make_dataset(std::make_shared<PipelineSource>(*this, std::move(batches)));
+  failure.exchange(s, "", "distribute_datasets_from_function (making the dataset)");
+  return std::make_shared<PipelineSource>(s, std::move(batches));
+}
+
+}  // namespace
+
+DistributedDataset Strategy::distribute_datasets_from_function(
+    const std::function<BatchFn(const InputContext&)>& dataset_fn) {
+  // Its workers agree on dataset_fn's outcome: once per worker, not per replica.
+  require_cross_replica_or_default("distribute_datasets_from_function");
+  // A BatchFn cannot start again: each later pass calls dataset_fn anew,
+  // where TensorFlow iterates again the dataset it returned once.
+  auto again = [ref = internal::StrategyRef(*this), dataset_fn] {
+    Strategy& s = ref.get("the distributed dataset of distribute_datasets_from_function");
+    internal::Access::require_cross_replica_or_default(s, "distribute_datasets_from_function (a new pass)");
+    return pipeline_pass(s, dataset_fn);
+  };
+  return internal::Access::make_dataset(pipeline_pass(*this, dataset_fn), std::move(again),
+                                        "distribute_datasets_from_function");
 }
 
 }  // namespace distribute

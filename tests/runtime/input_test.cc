@@ -206,5 +206,83 @@ TEST(DatasetsFromFunctionTest, EachReplicaTakesTheNextBatchOfItsPipeline) {
   EXPECT_FALSE(dataset.get_next());
 }
 
+// Every label of one pass (range-for), step after step.
+std::vector<int> one_pass(DistributedDataset& dataset) {
+  std::vector<int> seen;
+  for (const PerReplica<Nest<Tensor>>& step : dataset) {
+    for (const Nest<Tensor>& mine : step.values()) {
+      auto l = labels(mine);
+      seen.insert(seen.end(), l.begin(), l.end());
+    }
+  }
+  return seen;
+}
+
+// A DatasetFn is iterated once per epoch, as a tf.data.Dataset: each
+// range-for starts a new pass from the first batch.
+TEST(DistributeDatasetTest, ADatasetFnStartsANewPassForEveryEpoch) {
+  auto s = mirrored(2);
+  int passes = 0;
+  DistributedDataset dataset = s->experimental_distribute_dataset(DatasetFn([&] {
+                                                                    ++passes;
+                                                                    return batches_of({4, 4, 2});
+                                                                  }),
+                                                                  4);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_EQ(one_pass(dataset), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})) << "epoch " << epoch;
+  }
+  EXPECT_EQ(passes, 3);
+  // A pass left early starts again from the first batch too.
+  ASSERT_TRUE(dataset.begin() != dataset.end());
+  EXPECT_EQ(one_pass(dataset), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+// A one-shot BatchFn is not silently empty in its second epoch: the second
+// pass after it was exhausted is refused, naming what to pass instead.
+TEST(DistributeDatasetTest, AnExhaustedBatchFnRefusesASecondPass) {
+  auto s = mirrored(2);
+  DistributedDataset dataset = s->experimental_distribute_dataset(batches_of({4, 2}), 4);
+  EXPECT_EQ(one_pass(dataset), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  const std::string message = expect_throw<FailedPreconditionError>([&] { one_pass(dataset); });
+  EXPECT_NE(message.find("experimental_distribute_dataset"), std::string::npos) << message;
+  EXPECT_NE(message.find("DatasetFn"), std::string::npos) << message;
+  EXPECT_FALSE(dataset.get_next());  // get_next still says the end, as before
+}
+
+// A BatchFn left before its end goes on where it stopped in the next loop.
+TEST(DistributeDatasetTest, ABatchFnLeftEarlyContinuesWhereItStopped) {
+  auto s = mirrored(2);
+  DistributedDataset dataset = s->experimental_distribute_dataset(batches_of({2, 2, 2}), 2);
+  for (const auto& step : dataset) {
+    EXPECT_EQ(labels(step.values()[0]), (std::vector<int>{0}));
+    break;
+  }
+  EXPECT_EQ(one_pass(dataset), (std::vector<int>{2, 3, 4, 5}));
+}
+
+// distribute_datasets_from_function: each later pass calls dataset_fn again.
+TEST(DatasetsFromFunctionTest, EveryPassCallsTheDatasetFunctionAgain) {
+  auto s = mirrored(2);
+  int calls = 0;
+  DistributedDataset dataset = s->distribute_datasets_from_function([&](const InputContext&) {
+    ++calls;
+    return batches_of({2, 2, 1});
+  });
+  EXPECT_EQ(calls, 1);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_EQ(one_pass(dataset), (std::vector<int>{0, 1, 2, 3, 4})) << "epoch " << epoch;
+  }
+  EXPECT_EQ(calls, 3);  // the first pass used the function made at creation
+}
+
+// A dataset whose strategy is gone refuses a new pass as it refuses get_next.
+TEST(DistributeDatasetTest, ANewPassAfterTheStrategyIsGoneRaisesFailedPrecondition) {
+  auto s = mirrored(2);
+  DistributedDataset dataset = s->experimental_distribute_dataset(DatasetFn([] { return batches_of({2}); }), 2);
+  EXPECT_EQ(one_pass(dataset), (std::vector<int>{0, 1}));
+  s.reset();
+  EXPECT_THROW(dataset.begin(), FailedPreconditionError);
+}
+
 }  // namespace
 }  // namespace distribute

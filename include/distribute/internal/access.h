@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace distribute {
@@ -52,7 +53,8 @@ struct Access {
   static ReplicaContextKey replica_context_key() { return {}; }
   static ReplicaChannel& channel(const ReplicaContext& ctx);
   // DistributedDataset (input.h).
-  static DistributedDataset make_dataset(std::shared_ptr<DatasetSource> source);
+  static DistributedDataset make_dataset(std::shared_ptr<DatasetSource> first,
+                                         std::function<std::shared_ptr<DatasetSource>()> again, std::string api);
   // Variable (variables.h).
   static void check_strategy(const Variable& v, const Strategy& s, std::string_view api);
   static Tensor& mutable_component(Variable& v, std::size_t i);
