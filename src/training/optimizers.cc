@@ -1,7 +1,11 @@
 #include "distribute/optimizers.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <iostream>
+#include <numbers>
 #include <string>
 
 #include "core/kernel_clones.h"
@@ -20,8 +24,10 @@ std::string describe(const Tensor& t) { return std::string(to_string(t.dtype()))
 void check_pairs(const std::vector<GradientAndVariable>& grads_and_vars, const Strategy& strategy) {
   if (grads_and_vars.empty()) throw InvalidArgumentError("No gradients provided for any variable.");
   for (std::size_t k = 0; k < grads_and_vars.size(); ++k) {
-    const auto& [grad, var] = grads_and_vars[k];
+    const auto& [maybe_grad, var] = grads_and_vars[k];
     internal::Access::check_strategy(var, strategy, "apply_gradients");
+    if (!maybe_grad) continue;
+    const Tensor& grad = *maybe_grad;
     if (var.dtype() != DType::kFloat32 && var.dtype() != DType::kFloat64) {
       throw InvalidArgumentError("apply_gradients: variable '" + var.name() + "' has dtype " +
                                  std::string(to_string(var.dtype())) +
@@ -57,11 +63,153 @@ void check_same_variables(const PerReplica<std::vector<GradientAndVariable>>& pe
   }
 }
 
+// Keras' filter_empty_gradients: the pairs that have a gradient; none at
+// all is an error naming every variable.
+std::vector<GradientAndVariable> with_gradients(const std::vector<GradientAndVariable>& grads_and_vars) {
+  std::vector<GradientAndVariable> kept;
+  kept.reserve(grads_and_vars.size());
+  for (const auto& pair : grads_and_vars) {
+    if (pair.first) kept.push_back(pair);
+  }
+  if (kept.empty()) {
+    std::string names;
+    for (const auto& pair : grads_and_vars) names += (names.empty() ? "'" : ", '") + pair.second.name() + "'";
+    throw InvalidArgumentError("No gradients provided for any variable: (" + names + ")");
+  }
+  return kept;
+}
+
+// The shortest text that reads back as v ("0.1", "nan").
+std::string number(double v) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, v).ptr;
+  return {text, end};
+}
+
+void check_steps(std::string_view schedule, std::int64_t decay_steps) {
+  if (decay_steps <= 0) {
+    throw InvalidArgumentError(std::string(schedule) + ": decay_steps must be > 0, got " + std::to_string(decay_steps));
+  }
+}
+
+void check_rate(std::string_view where, std::string_view what, double v) {
+  if (!std::isfinite(v)) {
+    throw InvalidArgumentError(std::string(where) + ": " + std::string(what) + " must be finite, got " + number(v));
+  }
+}
+
 }  // namespace
+
+// ---- learning rate schedules --------------------------------------------------------
+
+ExponentialDecay::ExponentialDecay(double initial_learning_rate, std::int64_t decay_steps, double decay_rate,
+                                   bool staircase)
+    : initial_(initial_learning_rate), decay_steps_(decay_steps), decay_rate_(decay_rate), staircase_(staircase) {
+  check_rate("ExponentialDecay", "initial_learning_rate", initial_);
+  check_steps("ExponentialDecay", decay_steps_);
+  check_rate("ExponentialDecay", "decay_rate", decay_rate_);
+  if (decay_rate_ <= 0)
+    throw InvalidArgumentError("ExponentialDecay: decay_rate must be > 0, got " + number(decay_rate_));
+}
+
+double ExponentialDecay::operator()(std::int64_t step) const {
+  double p = static_cast<double>(step) / static_cast<double>(decay_steps_);
+  if (staircase_) p = std::floor(p);
+  return initial_ * std::pow(decay_rate_, p);
+}
+
+std::string ExponentialDecay::describe() const {
+  return "ExponentialDecay(initial_learning_rate=" + number(initial_) +
+         ", decay_steps=" + std::to_string(decay_steps_) + ", decay_rate=" + number(decay_rate_) +
+         ", staircase=" + (staircase_ ? "True" : "False") + ")";
+}
+
+PiecewiseConstantDecay::PiecewiseConstantDecay(std::vector<std::int64_t> boundaries, std::vector<double> values)
+    : boundaries_(std::move(boundaries)), values_(std::move(values)) {
+  if (values_.size() != boundaries_.size() + 1) {
+    throw InvalidArgumentError(
+        "PiecewiseConstantDecay: the length of boundaries should be 1 less than the length of values (" +
+        std::to_string(boundaries_.size()) + " boundaries, " + std::to_string(values_.size()) + " values)");
+  }
+  for (std::size_t i = 1; i < boundaries_.size(); ++i) {
+    if (boundaries_[i] <= boundaries_[i - 1]) {
+      throw InvalidArgumentError("PiecewiseConstantDecay: boundaries must increase; boundary " + std::to_string(i) +
+                                 " (" + std::to_string(boundaries_[i]) + ") follows " +
+                                 std::to_string(boundaries_[i - 1]));
+    }
+  }
+  for (double v : values_) check_rate("PiecewiseConstantDecay", "every value", v);
+}
+
+double PiecewiseConstantDecay::operator()(std::int64_t step) const {
+  std::size_t i = 0;
+  while (i < boundaries_.size() && step > boundaries_[i]) ++i;
+  return values_[i];
+}
+
+std::string PiecewiseConstantDecay::describe() const {
+  std::string b;
+  std::string v;
+  for (auto x : boundaries_) b += (b.empty() ? "" : ", ") + std::to_string(x);
+  for (auto x : values_) v += (v.empty() ? "" : ", ") + number(x);
+  return "PiecewiseConstantDecay(boundaries=[" + b + "], values=[" + v + "])";
+}
+
+CosineDecay::CosineDecay(double initial_learning_rate, std::int64_t decay_steps, double alpha)
+    : initial_(initial_learning_rate), decay_steps_(decay_steps), alpha_(alpha) {
+  check_rate("CosineDecay", "initial_learning_rate", initial_);
+  check_steps("CosineDecay", decay_steps_);
+  if (!(alpha_ >= 0 && alpha_ <= 1))
+    throw InvalidArgumentError("CosineDecay: alpha must be in [0, 1], got " + number(alpha_));
+}
+
+double CosineDecay::operator()(std::int64_t step) const {
+  const double s = static_cast<double>(std::min(std::max<std::int64_t>(step, 0), decay_steps_));
+  const double cosine = 0.5 * (1 + std::cos(std::numbers::pi * s / static_cast<double>(decay_steps_)));
+  return initial_ * ((1 - alpha_) * cosine + alpha_);
+}
+
+std::string CosineDecay::describe() const {
+  return "CosineDecay(initial_learning_rate=" + number(initial_) + ", decay_steps=" + std::to_string(decay_steps_) +
+         ", alpha=" + number(alpha_) + ")";
+}
+
+LearningRate::LearningRate(std::shared_ptr<const LearningRateSchedule> schedule) : schedule_(std::move(schedule)) {
+  if (!schedule_) throw InvalidArgumentError("learning_rate: no schedule (a null pointer)");
+}
+
+std::string LearningRate::describe() const { return schedule_ ? schedule_->describe() : number(value_); }
+
+// ---- Optimizer ------------------------------------------------------------------------
+
+Optimizer::Optimizer(std::string_view optimizer, LearningRate learning_rate)
+    : learning_rate_(std::move(learning_rate)) {
+  if (!learning_rate_.schedule()) check_rate(optimizer, "learning_rate", learning_rate_.value());
+}
 
 Optimizer::~Optimizer() = default;
 
-void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_and_vars,
+LearningRate Optimizer::learning_rate() const {
+  std::lock_guard lock(learning_rate_mu_);
+  return learning_rate_;
+}
+
+void Optimizer::set_learning_rate(LearningRate learning_rate) {
+  if (!learning_rate.schedule()) check_rate(name(), "learning_rate", learning_rate.value());
+  std::lock_guard lock(learning_rate_mu_);
+  learning_rate_ = std::move(learning_rate);
+}
+
+double Optimizer::current_learning_rate() const { return learning_rate().at(iterations()); }
+
+void Optimizer::set_iterations(std::int64_t iterations) {
+  if (iterations < 0) {
+    throw InvalidArgumentError(std::string(name()) + ": iterations must be >= 0, got " + std::to_string(iterations));
+  }
+  iterations_.store(iterations);
+}
+
+void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& given_pairs,
                                 const CommunicationOptions& options) {
   ReplicaContext* ctx = get_replica_context();
   if (ctx == nullptr) {
@@ -69,7 +217,8 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
         "`apply_gradients()` cannot be called in cross-replica context. Use "
         "`tf.distribute.Strategy.run` to enter replica context.");
   }
-  check_pairs(grads_and_vars, ctx->strategy());
+  check_pairs(given_pairs, ctx->strategy());
+  const std::vector<GradientAndVariable> grads_and_vars = with_gradients(given_pairs);
   using Clock = std::chrono::steady_clock;
   const bool timed = ctx->local_replica_id() == 0;
   const auto t0 = timed ? Clock::now() : Clock::time_point{};
@@ -79,13 +228,22 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
   //    to reduce: a step that fails there is not one).
   struct Plan {
     std::int64_t step = 0;
+    double learning_rate = 0;
     std::vector<std::vector<Variable>> slots;  // per variable, in slot_names() order
   };
   const std::shared_ptr<const Plan> plan = ctx->merge_call(
-      [this](Strategy& s, const PerReplica<std::vector<GradientAndVariable>>& per) {
+      [this, &given_pairs](Strategy& s, const PerReplica<std::vector<GradientAndVariable>>& per) {
         check_same_variables(per, s);
         auto made = std::make_shared<Plan>();
         for (const auto& [grad, var] : per.primary()) made->slots.push_back(slots_of(var).slots);
+        const LearningRate rate = learning_rate();
+        const std::int64_t before = iterations_.load();
+        made->learning_rate = rate.at(before);
+        if (!std::isfinite(made->learning_rate)) {
+          throw InvalidArgumentError(std::string(name()) + ": the learning rate " + rate.describe() + " at step " +
+                                     std::to_string(before) + " is " + number(made->learning_rate));
+        }
+        warn_of_missing_gradients(given_pairs);
         made->step = ++iterations_;
         return std::shared_ptr<const Plan>(std::move(made));
       },
@@ -96,7 +254,7 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
   const auto t1 = timed ? Clock::now() : Clock::time_point{};
   std::vector<Tensor> grads;
   grads.reserve(grads_and_vars.size());
-  for (const auto& pair : grads_and_vars) grads.push_back(pair.first);
+  for (const auto& pair : grads_and_vars) grads.push_back(*pair.first);
   std::vector<Tensor> summed;
   try {
     summed = ctx->all_reduce(ReduceOp::kSum, grads, options);
@@ -113,7 +271,8 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
     Variable var = grads_and_vars[k].second;
     slot_components.clear();
     for (const Variable& slot : plan->slots[k]) slot_components.push_back(slot.values()[i]);
-    apply_dense(internal::Access::mutable_component(var, i), summed[k], slot_components, plan->step);
+    apply_dense(internal::Access::mutable_component(var, i), summed[k], slot_components, plan->step,
+                plan->learning_rate);
   }
   if (timed) {
     auto seconds = [](Clock::time_point a, Clock::time_point b) {
@@ -122,6 +281,19 @@ void Optimizer::apply_gradients(const std::vector<GradientAndVariable>& grads_an
     timings_.merge_call_seconds += seconds(t0, t1);
     timings_.all_reduce_seconds += seconds(t1, t2);
     timings_.update_seconds += seconds(t2, Clock::now());
+  }
+}
+
+void Optimizer::warn_of_missing_gradients(const std::vector<GradientAndVariable>& grads_and_vars) {
+  std::string names;
+  for (const auto& [grad, var] : grads_and_vars) {
+    if (grad || !warned_no_gradient_.emplace(var.id(), true).second) continue;
+    names += (names.empty() ? "'" : ", '") + var.name() + "'";
+  }
+  if (!names.empty()) {
+    std::cerr << "distribute: " << name() << ".apply_gradients: gradients do not exist for variables [" << names
+              << "] when minimizing the loss; they are left as they are (said once per variable)\n"
+              << std::flush;
   }
 }
 
@@ -148,8 +320,7 @@ Variable Optimizer::get_slot(const Variable& var, std::string_view slot) const {
 
 // ---- SGD ----------------------------------------------------------------------
 
-SGD::SGD(Options options) : options_(options) {
-  if (!std::isfinite(options_.learning_rate)) throw InvalidArgumentError("SGD: learning_rate must be finite");
+SGD::SGD(Options options) : Optimizer("SGD", options.learning_rate), options_(std::move(options)) {
   if (!finite_in(options_.momentum, 0, 1)) {
     throw InvalidArgumentError("`momentum` must be between [0, 1]. Received: momentum=" +
                                std::to_string(options_.momentum));
@@ -213,20 +384,20 @@ void float_types(DType dtype, F&& f) {
 }
 }  // namespace
 
-void SGD::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t) const {
+void SGD::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t,
+                      double learning_rate) const {
   float_types(var.dtype(), [&](auto tag) {
     using T = decltype(tag);
     sgd_update(var.mutable_flat<T>().data(), grad.flat<T>().data(),
                slots.empty() ? nullptr : slots[0].mutable_flat<T>().data(),
-               static_cast<std::size_t>(var.num_elements()), static_cast<T>(options_.learning_rate),
+               static_cast<std::size_t>(var.num_elements()), static_cast<T>(learning_rate),
                static_cast<T>(options_.momentum), options_.nesterov);
   });
 }
 
 // ---- Adam ---------------------------------------------------------------------
 
-Adam::Adam(Options options) : options_(options) {
-  if (!std::isfinite(options_.learning_rate)) throw InvalidArgumentError("Adam: learning_rate must be finite");
+Adam::Adam(Options options) : Optimizer("Adam", options.learning_rate), options_(std::move(options)) {
   if (!finite_in(options_.beta_1, 0, 1) || options_.beta_1 == 1 || !finite_in(options_.beta_2, 0, 1) ||
       options_.beta_2 == 1) {
     throw InvalidArgumentError("Adam: beta_1 and beta_2 must be in [0, 1); got " + std::to_string(options_.beta_1) +
@@ -237,10 +408,10 @@ Adam::Adam(Options options) : options_(options) {
 
 std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
 
-void Adam::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t step) const {
+void Adam::apply_dense(const Tensor& var, const Tensor& grad, std::span<const Tensor> slots, std::int64_t step,
+                       double learning_rate) const {
   const double t = static_cast<double>(step);
-  const double alpha =
-      options_.learning_rate * std::sqrt(1 - std::pow(options_.beta_2, t)) / (1 - std::pow(options_.beta_1, t));
+  const double alpha = learning_rate * std::sqrt(1 - std::pow(options_.beta_2, t)) / (1 - std::pow(options_.beta_1, t));
   float_types(var.dtype(), [&](auto tag) {
     using T = decltype(tag);
     adam_update(var.mutable_flat<T>().data(), grad.flat<T>().data(), slots[0].mutable_flat<T>().data(),

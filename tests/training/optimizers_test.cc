@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -251,6 +252,152 @@ TEST(OptimizerTest, BadCallsRaiseClearErrors) {
       expect_throw<InvalidArgumentError>([] { SGD bad({.momentum = 1.5}); }).find("`momentum` must be between [0, 1]"),
       std::string::npos);
   EXPECT_THROW(Adam({.beta_1 = 1.0}), InvalidArgumentError);
+}
+
+// ---- learning rates, iterations and missing gradients (Keras' behaviour) ----
+
+TEST(LearningRateScheduleTest, ValuesFollowKerasFormulas) {
+  const ExponentialDecay smooth(0.1, 10, 0.5);
+  EXPECT_DOUBLE_EQ(smooth(0), 0.1);
+  EXPECT_DOUBLE_EQ(smooth(10), 0.05);
+  EXPECT_DOUBLE_EQ(smooth(5), 0.1 * std::pow(0.5, 0.5));
+  const ExponentialDecay stairs(0.1, 10, 0.5, /*staircase=*/true);
+  EXPECT_DOUBLE_EQ(stairs(9), 0.1);
+  EXPECT_DOUBLE_EQ(stairs(25), 0.025);
+  const PiecewiseConstantDecay piecewise({100, 200}, {1.0, 0.5, 0.1});
+  EXPECT_EQ(piecewise(0), 1.0);
+  EXPECT_EQ(piecewise(100), 1.0);  // up to and including the boundary
+  EXPECT_EQ(piecewise(101), 0.5);
+  EXPECT_EQ(piecewise(200), 0.5);
+  EXPECT_EQ(piecewise(201), 0.1);
+  const CosineDecay cosine(1.0, 100, 0.1);
+  EXPECT_DOUBLE_EQ(cosine(0), 1.0);
+  EXPECT_DOUBLE_EQ(cosine(50), 0.9 * 0.5 + 0.1);
+  EXPECT_DOUBLE_EQ(cosine(100), 0.1);
+  EXPECT_DOUBLE_EQ(cosine(1000), 0.1);  // held at the end
+  EXPECT_EQ(smooth.describe(),
+            "ExponentialDecay(initial_learning_rate=0.1, decay_steps=10, decay_rate=0.5, "
+            "staircase=False)");
+}
+
+TEST(LearningRateScheduleTest, BadArgumentsAreClearErrors) {
+  std::string msg = expect_throw<InvalidArgumentError>([] { ExponentialDecay(0.1, 0, 0.5); });
+  EXPECT_NE(msg.find("ExponentialDecay: decay_steps must be > 0, got 0"), std::string::npos) << msg;
+  msg = expect_throw<InvalidArgumentError>([] { PiecewiseConstantDecay({10, 20}, {1.0, 0.5}); });
+  EXPECT_NE(msg.find("2 boundaries, 2 values"), std::string::npos) << msg;
+  msg = expect_throw<InvalidArgumentError>([] { PiecewiseConstantDecay({20, 10}, {1.0, 0.5, 0.1}); });
+  EXPECT_NE(msg.find("boundaries must increase"), std::string::npos) << msg;
+  msg = expect_throw<InvalidArgumentError>([] { CosineDecay(0.1, 10, 2.0); });
+  EXPECT_NE(msg.find("alpha must be in [0, 1], got 2"), std::string::npos) << msg;
+  msg = expect_throw<InvalidArgumentError>([] { SGD({.learning_rate = std::nan("")}); });
+  EXPECT_NE(msg.find("SGD: learning_rate must be finite, got nan"), std::string::npos) << msg;
+}
+
+// A schedule is evaluated at `iterations` before the step (step 0 first),
+// and the rate can be read and set between steps.
+TEST(OptimizerTest, TheLearningRateIsANumberOrAScheduleAtIterations) {
+  SGD sgd({.learning_rate = PiecewiseConstantDecay({0}, {0.5, 0.25})});
+  EXPECT_EQ(sgd.current_learning_rate(), 0.5);
+  ASSERT_NE(sgd.learning_rate().schedule(), nullptr);
+  const MirroredVariable w = train(sgd, 2, 3);
+  std::vector<float> want = kInit;
+  for (int step = 0; step < 3; ++step) {
+    const auto g = summed(2, step, kBase);
+    const float lr = step == 0 ? 0.5f : 0.25f;
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] -= lr * g[i];
+  }
+  EXPECT_EQ(floats(w.values()[0]), want);
+  EXPECT_EQ(sgd.current_learning_rate(), 0.25);
+  sgd.set_learning_rate(0.125);
+  EXPECT_EQ(sgd.learning_rate().schedule(), nullptr);
+  EXPECT_EQ(sgd.learning_rate().value(), 0.125);
+  EXPECT_THROW(sgd.set_learning_rate(std::numeric_limits<double>::infinity()), InvalidArgumentError);
+  EXPECT_EQ(sgd.current_learning_rate(), 0.125);
+}
+
+// A restored optimizer goes on: set_iterations(k) then one step equals the
+// (k+1)-th step of an uninterrupted run, for Adam's bias correction and a
+// schedule alike.
+TEST(OptimizerTest, SettingIterationsContinuesTheScheduleAndBiasCorrection) {
+  const ExponentialDecay decay(0.01, 2, 0.5);
+  Adam whole({.learning_rate = decay});
+  const MirroredVariable want = train(whole, 2, 3);
+  // The same three steps, with the count set back and forth in between.
+  Adam resumed({.learning_rate = decay});
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "w"});
+  }
+  for (int step = 0; step < 3; ++step) {
+    resumed.set_iterations(step);
+    s->run([&](ReplicaContext& ctx) {
+      resumed.apply_gradients({{gradient(ctx.replica_id_in_sync_group(), step, kBase), *w}});
+    });
+  }
+  EXPECT_EQ(floats(w->values()[0]), floats(want.values()[0]));
+  EXPECT_EQ(resumed.iterations(), 3);
+  EXPECT_THROW(resumed.set_iterations(-1), InvalidArgumentError);
+  // Set ahead: the next step's rate and bias correction are step 10's.
+  Adam ahead({.learning_rate = decay});
+  ahead.set_iterations(10);
+  EXPECT_DOUBLE_EQ(ahead.current_learning_rate(), 0.01 * std::pow(0.5, 5));
+}
+
+// A schedule whose value is not finite fails that step on every replica,
+// and the step is not counted.
+TEST(OptimizerTest, ANonFiniteScheduledRateFailsTheStep) {
+  struct Broken final : LearningRateSchedule {
+    double operator()(std::int64_t step) const override { return step < 1 ? 0.1 : std::nan(""); }
+    std::string describe() const override { return "Broken()"; }
+  };
+  SGD sgd({.learning_rate = Broken()});
+  train(sgd, 2, 1);
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "w"});
+  }
+  const std::string msg = expect_throw<InvalidArgumentError>([&] {
+    s->run([&] { sgd.apply_gradients({{constant(kBase, Shape{4}), *w}}); });
+  });
+  EXPECT_NE(msg.find("the learning rate Broken() at step 1 is nan"), std::string::npos) << msg;
+  EXPECT_EQ(sgd.iterations(), 1);
+  for (const Tensor& c : w->values()) EXPECT_EQ(floats(c), kInit);
+}
+
+// As Keras: a pair without a gradient is skipped with a warning naming its
+// variable (once); no gradient at all is an error naming every variable.
+TEST(OptimizerTest, MissingGradientsAreSkippedWithAWarning) {
+  auto s = mirrored(2);
+  std::optional<MirroredVariable> w, frozen;
+  {
+    auto scope = s->scope();
+    w.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "w"});
+    frozen.emplace(constant(kInit, Shape{4}), VariableOptions{.name = "frozen"});
+  }
+  SGD sgd({.learning_rate = 0.5});
+  ::testing::internal::CaptureStderr();
+  for (int step = 0; step < 2; ++step) {
+    s->run([&] { sgd.apply_gradients({{constant(kBase, Shape{4}), *w}, {std::nullopt, *frozen}}); });
+  }
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("gradients do not exist for variables ['frozen']"), std::string::npos) << warned;
+  EXPECT_EQ(warned.find("frozen"), warned.rfind("frozen")) << "warned twice: " << warned;
+  for (const Tensor& c : frozen->values()) EXPECT_EQ(floats(c), kInit);
+  std::vector<float> want = kInit;
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] -= 0.5f * (kBase[i] + kBase[i]);
+  }
+  EXPECT_EQ(floats(w->values()[0]), want);
+  EXPECT_EQ(sgd.iterations(), 2);
+  const std::string msg = expect_throw<InvalidArgumentError>([&] {
+    s->run([&] { sgd.apply_gradients({{std::nullopt, *w}, {std::nullopt, *frozen}}); });
+  });
+  EXPECT_NE(msg.find("No gradients provided for any variable: ('w', 'frozen')"), std::string::npos) << msg;
+  EXPECT_EQ(sgd.iterations(), 2);
 }
 
 }  // namespace
