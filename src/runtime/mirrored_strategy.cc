@@ -1,10 +1,13 @@
 #include "distribute/mirrored_strategy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <iostream>
 
 #include "core/ascii_case.h"
 #include "core/device_registry.h"
@@ -351,6 +354,22 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(int local_replicas, std
 // bad argument, found by make_cluster_setup; no thread for a replica): in
 // the handler, which then raises the failure. Every worker meets exactly
 // once, so one that cannot make its strategy fails the others at once.
+namespace internal {
+// TensorFlow's users start workers with TF_CONFIG; this library starts them
+// with an MPI launcher. A TF_CONFIG found where no workers link was given is
+// said once per process, so a job of N "workers" does not silently run as N
+// single-worker jobs.
+void warn_if_tf_config_ignored(std::ostream& out) {
+  static std::atomic<bool> warned{false};
+  const char* tf_config = std::getenv("TF_CONFIG");
+  if (tf_config == nullptr || *tf_config == '\0' || warned.exchange(true)) return;
+  out << "distribute: TF_CONFIG is set, but this MultiWorkerMirroredStrategy has no other workers: it runs as "
+         "a single worker. TF_CONFIG is not read yet; start the workers with an MPI launcher instead "
+         "(mpirun -np N <program>), which gives each its rank.\n"
+      << std::flush;
+}
+}  // namespace internal
+
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup setup) try
     : Strategy(internal::checked_devices(setup), static_cast<int>(setup.devices.size()) * setup.size,
                static_cast<int>(setup.devices.size()) * setup.rank, setup.options),
@@ -361,6 +380,8 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(internal::ClusterSetup 
     set_workers(workers_);
     internal::meet_the_workers(*workers_, setup.devices.size(), setup.options, nullptr, setup.met);
     session_ = workers_->session();  // the session the meeting began
+  } else {
+    internal::warn_if_tf_config_ignored(std::cerr);
   }
 } catch (...) {
   if (setup.workers != nullptr && !setup.met) {

@@ -3,6 +3,9 @@
 // in-process communicator (one member per worker) instead of MPI. The same
 // cases run under mpirun in tests/mpi/multi_worker_mpi_test.cc; here they
 // also run under ThreadSanitizer and AddressSanitizer.
+#include <cstdlib>
+#include <string>
+
 #include "comm/threads/shared_memory_communicator.h"
 #include "testing/multi_worker_cases.h"
 #include "testing/threads.h"
@@ -59,6 +62,25 @@ TEST(MultiWorkerMirroredStrategyTest, WithoutWorkersItIsOneWorker) {
   EXPECT_EQ(s.describe(), "MultiWorkerMirroredStrategy(2 replicas: CPU:0, CPU:1)");
   auto r = s.run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::kSum, constant(2)); });
   EXPECT_EQ(r.values()[1].scalar<std::int32_t>(), 4);
+}
+
+// TF_CONFIG is not read yet: a one-worker strategy made where it is set says
+// so once (on stderr), rather than running N separate one-worker jobs silently.
+TEST(MultiWorkerMirroredStrategyTest, ATfConfigWithoutWorkersIsSaidOnce) {
+  ::testing::internal::CaptureStderr();
+  { MultiWorkerMirroredStrategy quiet(1, nullptr); }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");  // no TF_CONFIG, nothing said
+  ::setenv("TF_CONFIG", R"({"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": {"type": "worker", "index": 0}})",
+           1);
+  ::testing::internal::CaptureStderr();
+  { MultiWorkerMirroredStrategy first(1, nullptr); }
+  { MultiWorkerMirroredStrategy second(1, nullptr); }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ::unsetenv("TF_CONFIG");
+  EXPECT_NE(said.find("TF_CONFIG is set"), std::string::npos) << said;
+  EXPECT_NE(said.find("single worker"), std::string::npos) << said;
+  EXPECT_NE(said.find("mpirun -np N"), std::string::npos) << said;
+  EXPECT_EQ(said.find("TF_CONFIG is set"), said.rfind("TF_CONFIG is set")) << "said more than once: " << said;
 }
 
 TEST(MultiWorkerMirroredStrategyTest, RejectsBadLocalReplicas) {
