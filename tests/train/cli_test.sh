@@ -75,6 +75,12 @@ printf '\x5a' | dd of="$gz" bs=1 seek=$((size - 8)) conv=notrunc status=none
 expect 1 "train-labels-idx1-ubyte.gz is corrupt: incorrect data check" --data "$tmp/cut"
 
 if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  # BLAS threads: the usable cores divided among the local replicas, unless asked.
+  cores=$(nproc)
+  threads() { if [ "$1" -le 1 ]; then echo "1 thread"; else echo "$1 threads"; fi; }
+  expect 0 "kernels, $(threads "$cores")" --strategy default --epochs 1 --steps-per-epoch 2
+  expect 0 "kernels, $(threads $((cores / 2 > 0 ? cores / 2 : 1)))" --replicas 2 --epochs 1 --steps-per-epoch 2
+  expect 0 "kernels, 1 thread" --strategy default --blas-threads 1 --epochs 1 --steps-per-epoch 2
   expect 0 "^test accuracy 0\.[0-9]{4}$" --epochs 2 --steps-per-epoch 30 --replicas 2 \
     --metrics "$tmp/m.json" --plot "$tmp/p.svg"
   grep -q '"test_accuracy"' "$tmp/m.json" || { echo "FAIL: no metrics JSON"; fails=$((fails + 1)); }
@@ -124,13 +130,13 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   fi
   expect_through "env -u OPENBLAS_CORETYPE" 0 \
     "$want, 1 thread(, chosen by OpenBLAS|; OPENBLAS_CORETYPE=[A-Za-z]+ set by distribute-train: OpenBLAS picked)" \
-    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-core auto
+    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-threads 1 --blas-core auto
   # A core asked for runs the program again with it, and says so.
   expect 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott set by distribute-train for --blas-core" \
-    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-core prescott
+    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-threads 1 --blas-core prescott
   # OPENBLAS_CORETYPE set by the user is kept.
   expect_through "env OPENBLAS_CORETYPE=Prescott" 0 "\(Prescott kernels, 1 thread; OPENBLAS_CORETYPE=Prescott, as set\)" \
-    --epochs 1 --steps-per-epoch 2 --replicas 1
+    --epochs 1 --steps-per-epoch 2 --replicas 1 --blas-threads 1
 else
   echo "FAIL: the Fashion-MNIST files are missing (scripts/setup.sh installs dataset-fashion-mnist)"
   fails=$((fails + 1))

@@ -47,7 +47,8 @@ constexpr const char* kUsage = R"(usage: distribute-train [options]
   --data DIR           Fashion-MNIST IDX files (default: /usr/share/datasets/fashion-mnist)
   --metrics FILE       write the per-epoch metrics as JSON
   --plot FILE          draw the learning curves as an SVG picture
-  --blas-threads N     OpenBLAS threads per GEMM                          (default: 1)
+  --blas-threads N     OpenBLAS threads per GEMM, or auto: the usable cores
+                       divided among the local replicas, at least 1   (default: auto)
   --blas-core NAME     OpenBLAS kernels: auto (the widest the CPU runs, where
                        OpenBLAS picked narrower ones and OPENBLAS_CORETYPE is
                        unset) or a core name (Haswell, SkylakeX, ...)    (default: auto)
@@ -63,7 +64,7 @@ struct Args {
   std::string data = kFashionMnistDir;
   std::string metrics;
   std::string plot;
-  int blas_threads = 1;
+  int blas_threads = 0;  // auto
   std::string blas_core = "auto";
 };
 
@@ -112,7 +113,7 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--plot") {
       a.plot = value;
     } else if (flag == "--blas-threads") {
-      a.blas_threads = parse_int32(flag, value, 1, 1024);
+      a.blas_threads = value == "auto" ? 0 : parse_int32(flag, value, 1, 1024);
     } else if (flag == "--blas-core") {
       const std::string why = value == "auto" ? "" : refuse_blas_core(value, cpu_simd_level());
       if (!why.empty()) throw UsageError("--blas-core " + why);
@@ -333,7 +334,6 @@ void print_epoch(const Args& a, int epoch, const EpochStats& train, const EvalSt
 }
 
 int run(const Args& a) {
-  set_blas_threads(a.blas_threads);
   const int cores = internal::usable_cpus();
   std::unique_ptr<Strategy> owned;
   Strategy* s = nullptr;
@@ -346,6 +346,9 @@ int run(const Args& a) {
     owned = make_replicated_strategy(a, cores, workers);
   }
   if (owned) s = owned.get();
+  // Replicas x BLAS threads within the cores: a pool per replica on every
+  // core would oversubscribe them (docs/python.md has the figures).
+  set_blas_threads(a.blas_threads > 0 ? a.blas_threads : std::max(1, cores / s->num_local_replicas()));
   const bool chief = s->first_replica_id() == 0;
   if (chief) {
     check_writable("--metrics", a.metrics);
