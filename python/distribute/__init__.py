@@ -14,20 +14,44 @@ Replica functions run on the strategy's replica threads, side by side: every
 collective and C++ computation releases the GIL. See docs/python.md.
 """
 
-from . import _distribute as _distribute_module
-from . import errors
+import atexit as _atexit
+import sys as _sys
+
+try:
+    from . import _distribute as _distribute_module
+except ImportError as _error:  # another interpreter, or numpy missing: say which, and how to build for it
+    from . import _build_info
+
+    try:
+        import numpy as _numpy
+
+        _numpy_here = f"numpy {_numpy.__version__}"
+    except ImportError:
+        _numpy_here = "no numpy"
+    raise ImportError(
+        f"distribute: its extension module does not load into this interpreter, {_sys.executable} "
+        f"(Python {_sys.version.split()[0]}, {_numpy_here}). It was built for {_build_info.PYTHON_EXECUTABLE} "
+        f"(Python {_build_info.PYTHON_VERSION}, numpy {_build_info.NUMPY_VERSION}). Run that interpreter, or "
+        f"build the module for this one (numpy importable there): cmake --preset release "
+        f"-DPython3_EXECUTABLE={_sys.executable} && cmake --build --preset release. Cause: {_error}"
+    ) from _error
+from . import _blas, errors
 from ._distribute import (
     SGD,
     Adam,
     CommunicationImplementation,
     CommunicationOptions,
+    CosineDecay,
     DType,
+    ExponentialDecay,
     IndexedSlices,
     InputContext,
+    LearningRateSchedule,
     MirroredStrategy,
     MirroredVariable,
     OneDeviceStrategy,
     Optimizer,
+    PiecewiseConstantDecay,
     ReduceOp,
     ReplicaContext,
     Strategy,
@@ -61,6 +85,11 @@ from ._distribute import bool as bool_  # `bool` would hide the builtin here
 from ._values import DistributedValues, Mirrored, PerReplica, map_structure, regroup, select_replica
 
 globals()["bool"] = bool_  # distribute.bool, as tf.bool
+
+# Before the interpreter finalises: runs still in flight on daemon threads are
+# cancelled and return into Python, rather than into an interpreter that is
+# going away (which would abort the process and lose its exit status).
+_atexit.register(_distribute_module._end_runs_for_exit)
 
 if hasattr(_distribute_module, "MultiWorkerMirroredStrategy"):
     MultiWorkerMirroredStrategy = _distribute_module.MultiWorkerMirroredStrategy
@@ -104,11 +133,26 @@ def _run(self, fn, args=(), kwargs=None, options=None):
     if not isinstance(args, (list, tuple)):
         raise ValueError(f"positional args must be a list or tuple, got {type(args)}")
     kwargs = {} if kwargs is None else kwargs
+    _check_components(self, (args, kwargs), "run")
 
     def replica_fn(local_id):
         return fn(*select_replica(local_id, tuple(args)), **select_replica(local_id, kwargs))
 
-    return regroup(self._run_replicas(replica_fn))
+    with _blas.limited(self._num_local_replicas):
+        return regroup(self._run_replicas(replica_fn))
+
+
+def _check_components(strategy, value, api):
+    """Every distributed value in `value` has one component per local replica (as C++ checks)."""
+    n = strategy._num_local_replicas
+
+    def check(v):
+        if isinstance(v, DistributedValues) and len(v.values) != n:
+            raise errors.InvalidArgumentError(
+                f"{api}: a distributed value has {len(v.values)} components but {strategy!r} has {n} local replicas"
+            )
+
+    map_structure(check, value)
 
 
 def _local_results(self, value):
@@ -163,14 +207,24 @@ def _values_from_function(self, value_fn):
 class DistributedDataset:
     """Batches split across the replicas: each item is the batch as a nest of
     PerReplica (TF's rebatching: a global batch of B gives each of N replicas
-    B/N rows; an uneven last batch is split as evenly as it can be)."""
+    B/N rows; an uneven last batch is split as evenly as it can be).
 
-    def __init__(self, impl):
-        self._impl = impl
+    As a tf.distribute dataset, each `for` (each iter()) is a new pass over
+    the source, so `for epoch ...: for batch in dataset:` sees every batch in
+    every epoch. A source that cannot start again (a generator, an iterator)
+    gives one pass; a second pass after it was exhausted raises ValueError
+    rather than an empty epoch."""
+
+    def __init__(self, make_pass):
+        self._make_pass = make_pass  # () -> the C++ dataset of one new pass
+        # The first pass is made now, as TF makes the dataset (under several
+        # workers, dataset_fn's failure on one is raised here by all).
+        self._first = make_pass()
 
     def __iter__(self):
+        impl, self._first = (self._first, None) if self._first is not None else (self._make_pass(), None)
         while True:
-            batch = self._impl._next()
+            batch = impl._next()
             if batch is None:
                 return
             yield regroup(batch)
@@ -187,46 +241,111 @@ def _first_leaf(value):
     return value
 
 
+class _Passes:
+    """The passes over a Python iterable: iter(source) for each, where that
+    starts again; a one-shot iterator gives one pass, then it is refused.
+    `peeked` is a first item already taken from the first pass."""
+
+    def __init__(self, source, api, first_iterator=None, peeked=_END):
+        self._source = source
+        self._api = api
+        self._first = iter(source) if first_iterator is None else first_iterator
+        self._one_shot = self._first is source
+        self._peeked = peeked
+        self._passes = 0
+        self._exhausted = False
+
+    def next_pass(self):
+        """A function giving the next item of a new pass, or None at its end."""
+        self._passes += 1
+        if self._passes == 1:
+            items, pending = self._first, [self._peeked] if self._peeked is not _END else []
+        elif self._one_shot:
+            if self._exhausted:
+                raise ValueError(
+                    f"{self._api}: the source {self._source!r} is a one-shot iterator (a generator or an "
+                    "iterator) that an earlier pass exhausted, so it cannot be iterated again; pass an iterable "
+                    "that can start again (a list, or an object whose __iter__ returns a new iterator) to "
+                    "iterate once per epoch"
+                )
+            items, pending = self._first, []
+        else:
+            items, pending = iter(self._source), []
+
+        def next_item():
+            if pending:
+                return pending.pop()
+            item = next(items, _END)
+            if item is _END:
+                if self._one_shot:
+                    self._exhausted = True
+                return None
+            return item
+
+        return next_item
+
+
 def _distribute_dataset(self, dataset, options=None, global_batch_size=None):
     """Splits each global batch of `dataset` (any iterable of numpy arrays,
     tensors, or lists, tuples and dicts of them) across the replicas.
-    global_batch_size defaults to the length of the first batch."""
+    global_batch_size defaults to the length of the first batch. Each `for`
+    over the result is a new pass over `dataset`."""
     del options
-    batches = iter(dataset)
-    first = next(batches, _END)
+    api = "experimental_distribute_dataset"
+    try:
+        first_iterator = iter(dataset)
+    except TypeError:
+        raise TypeError(
+            f"{api}: dataset must be an iterable of batches (a list, a generator, ...), got {type(dataset).__name__}"
+        ) from None
+    peeked = _END
     if global_batch_size is None:
-        leaf = None if first is _END else _first_leaf(first)
+        peeked = next(first_iterator, _END)
+        leaf = None if peeked is _END else _first_leaf(peeked)
         global_batch_size = self.num_replicas_in_sync if leaf is None else len(leaf)
-    pending = [first]
-
-    def next_batch():
-        if pending:
-            batch = pending.pop()
-            return None if batch is _END else batch
-        return next(batches, None)
-
-    return DistributedDataset(self._distribute_dataset(next_batch, int(global_batch_size)))
+    passes = _Passes(dataset, api, first_iterator, peeked)
+    return DistributedDataset(lambda: self._distribute_dataset(passes.next_pass(), int(global_batch_size)))
 
 
 def _datasets_from_function(self, dataset_fn, options=None):
     """dataset_fn(input_context) gives each input pipeline's iterable of
-    per-replica batches (TF's distribute_datasets_from_function)."""
+    per-replica batches (TF's distribute_datasets_from_function). It is
+    called once; each `for` over the result is a new pass over what it gave."""
     del options
+    api = "distribute_datasets_from_function"
+    made = []
 
     def pipeline(input_context):
-        batches = iter(dataset_fn(input_context))
-        return lambda: next(batches, None)
+        if not made:
+            source = dataset_fn(input_context)
+            try:
+                iter(source)
+            except TypeError:
+                raise TypeError(
+                    f"{api}: dataset_fn must return an iterable of per-replica batches, "
+                    f"got {type(source).__name__}"
+                ) from None
+            made.append(_Passes(source, api))
+        return made[0].next_pass()
 
-    return DistributedDataset(self._datasets_from_function(pipeline))
+    return DistributedDataset(lambda: self._datasets_from_function(pipeline))
 
 
-Strategy.run = _run
-Strategy.experimental_distribute_dataset = _distribute_dataset
-Strategy.distribute_datasets_from_function = _datasets_from_function
-Strategy.experimental_local_results = _local_results
-Strategy.reduce = _reduce
-Strategy.gather = _gather
-Strategy.experimental_distribute_values_from_function = _values_from_function
+def _method(cls, name, fn):
+    """Makes fn the method cls.name, named so (a TypeError for a missing
+    argument says "Strategy.reduce()", not the private function's name)."""
+    fn.__name__ = name
+    fn.__qualname__ = f"{cls.__name__}.{name}"
+    setattr(cls, name, fn)
+
+
+_method(Strategy, "run", _run)
+_method(Strategy, "experimental_distribute_dataset", _distribute_dataset)
+_method(Strategy, "distribute_datasets_from_function", _datasets_from_function)
+_method(Strategy, "experimental_local_results", _local_results)
+_method(Strategy, "reduce", _reduce)
+_method(Strategy, "gather", _gather)
+_method(Strategy, "experimental_distribute_values_from_function", _values_from_function)
 
 
 def _merge_call(self, merge_fn, args=(), kwargs=None):
@@ -246,7 +365,7 @@ def _merge_call(self, merge_fn, args=(), kwargs=None):
     return select_replica(local_id, self._merge_call(merge_body, (tuple(args), kwargs)))
 
 
-ReplicaContext.merge_call = _merge_call
+_method(ReplicaContext, "merge_call", _merge_call)
 
 
 # --- StrategyExtended --------------------------------------------------------
@@ -312,11 +431,13 @@ def _broadcast_to(self, tensor, destinations=None):
 def _call_for_each_replica(self, fn, args=(), kwargs=None):
     """Strategy.run without its scope handling, as TF's (its errors name call_for_each_replica)."""
     kwargs = {} if kwargs is None else kwargs
+    _check_components(self._strategy, (args, kwargs), "call_for_each_replica")
 
     def replica_fn(local_id):
         return fn(*select_replica(local_id, tuple(args)), **select_replica(local_id, kwargs))
 
-    return regroup(self._strategy._run_replicas(replica_fn, True))
+    with _blas.limited(self._strategy._num_local_replicas):
+        return regroup(self._strategy._run_replicas(replica_fn, True))
 
 
 def _has_distributed(value):
@@ -351,11 +472,11 @@ def _in_a_strategys_replica():
     return ctx is not None and not ctx.strategy._is_default
 
 
-StrategyExtended.update = _update
-StrategyExtended.reduce_to = _reduce_to
-StrategyExtended.batch_reduce_to = _batch_reduce_to
-StrategyExtended.broadcast_to = _broadcast_to
-StrategyExtended.call_for_each_replica = _call_for_each_replica
+_method(StrategyExtended, "update", _update)
+_method(StrategyExtended, "reduce_to", _reduce_to)
+_method(StrategyExtended, "batch_reduce_to", _batch_reduce_to)
+_method(StrategyExtended, "broadcast_to", _broadcast_to)
+_method(StrategyExtended, "call_for_each_replica", _call_for_each_replica)
 ReplicaContext.__repr__ = lambda self: (
     f"<ReplicaContext: replica {int(self.replica_id_in_sync_group)} of {self.num_replicas_in_sync}>"
 )
@@ -363,6 +484,10 @@ ReplicaContext.__repr__ = lambda self: (
 __all__ = [
     "errors",
     "Adam",
+    "CosineDecay",
+    "ExponentialDecay",
+    "LearningRateSchedule",
+    "PiecewiseConstantDecay",
     "DistributedDataset",
     "IndexedSlices",
     "InputContext",

@@ -1,5 +1,5 @@
 # Type stubs of distribute's C++ extension module, for editors and type checkers.
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy
 
@@ -143,17 +143,34 @@ class Variable:
 class MirroredVariable(Variable): ...
 class SyncOnReadVariable(Variable): ...
 
+class LearningRateSchedule:
+    def __call__(self, step: int) -> float: ...
+
+class ExponentialDecay(LearningRateSchedule):
+    def __init__(self, initial_learning_rate: float, decay_steps: int, decay_rate: float,
+                 staircase: bool = ...) -> None: ...
+
+class PiecewiseConstantDecay(LearningRateSchedule):
+    def __init__(self, boundaries: Sequence[int], values: Sequence[float]) -> None: ...
+
+class CosineDecay(LearningRateSchedule):
+    def __init__(self, initial_learning_rate: float, decay_steps: int, alpha: float = ...) -> None: ...
+
+LearningRate = Union[float, LearningRateSchedule, Callable[[int], float]]
+
 class Optimizer:
     name: str
     iterations: int
+    learning_rate: LearningRate
+    current_learning_rate: float
     def apply_gradients(self, grads_and_vars: Any, options: Optional[CommunicationOptions] = ...) -> None: ...
     def get_slot(self, var: Variable, slot: str) -> Variable: ...
 
 class SGD(Optimizer):
-    def __init__(self, learning_rate: float = ..., momentum: float = ..., nesterov: bool = ...) -> None: ...
+    def __init__(self, learning_rate: LearningRate = ..., momentum: float = ..., nesterov: bool = ...) -> None: ...
 
 class Adam(Optimizer):
-    def __init__(self, learning_rate: float = ..., beta_1: float = ..., beta_2: float = ...,
+    def __init__(self, learning_rate: LearningRate = ..., beta_1: float = ..., beta_2: float = ...,
                  epsilon: float = ...) -> None: ...
 
 class InputContext:

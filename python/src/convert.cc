@@ -27,6 +27,30 @@ namespace {
 
 std::string type_name(py::handle value) { return py::str(py::type::of(value).attr("__name__")); }
 
+constexpr std::size_t kMaxNestDepth = Nest<Tensor>::kMaxDepth;
+
+[[noreturn]] void throw_too_deep() {
+  throw InvalidArgumentError("a nest of lists, tuples and dicts is more than " + std::to_string(kMaxNestDepth) +
+                             " levels deep (a list, tuple or dict that contains itself is one)");
+}
+
+// The items of a list or tuple, or the (key, item) pairs of a dict, each
+// held by a reference of its own: converting a leaf may let go of the GIL
+// (a large copy), and another thread may then change the container.
+std::vector<py::object> items_of(py::handle container) {
+  std::vector<py::object> items;
+  if (py::isinstance<py::dict>(container)) {
+    const auto pairs = py::reinterpret_steal<py::list>(PyDict_Items(container.ptr()));
+    if (!pairs) throw py::error_already_set();
+    for (py::handle pair : pairs) items.push_back(py::reinterpret_borrow<py::object>(pair));
+    return items;
+  }
+  const py::tuple snapshot = py::reinterpret_steal<py::tuple>(PySequence_Tuple(container.ptr()));
+  if (!snapshot) throw py::error_already_set();
+  for (py::handle item : snapshot) items.push_back(py::reinterpret_borrow<py::object>(item));
+  return items;
+}
+
 std::optional<DType> dtype_named(std::string_view name) {
   for (DType d : kAllDTypes) {
     if (to_string(d) == name) return d;
@@ -102,6 +126,41 @@ std::optional<DType> dtype_of_array(const py::array& array) {
 
 }  // namespace
 
+namespace {
+
+// Python ints that int64 cannot hold, in a Python number or in lists and
+// tuples of them (numpy turns them into uint64, float64 or objects, and a
+// cast would wrap them): the first one, unless a float stands among them
+// and no integer dtype was asked (then float is the dtype, as TF's).
+void refuse_python_ints_out_of_range(py::handle value, std::optional<DType> dtype) {
+  if (dtype && is_floating(*dtype)) return;
+  std::optional<py::object> first;
+  bool any_float = false;
+  std::vector<std::pair<py::object, std::size_t>> pending{{py::reinterpret_borrow<py::object>(value), 1}};
+  while (!pending.empty() && !(any_float && !dtype)) {
+    auto [v, depth] = std::move(pending.back());
+    pending.pop_back();
+    if (PyList_Check(v.ptr()) || PyTuple_Check(v.ptr())) {
+      if (depth > kMaxNestDepth) throw_too_deep();
+      for (py::object& item : items_of(v)) pending.emplace_back(std::move(item), depth + 1);
+    } else if (PyFloat_Check(v.ptr())) {
+      any_float = true;
+    } else if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr()) && !first) {
+      int overflow = 0;
+      PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+      if (overflow != 0) first = v;
+    }
+  }
+  if (first && !(any_float && !dtype)) {
+    const DType target = dtype.value_or(DType::kInt64);
+    throw py::value_error("Can't convert Python int " + std::string(py::repr(*first)) + " to a Tensor of dtype " +
+                          std::string(to_string(target)) + ": out of range" +
+                          (target == DType::kInt64 ? " (int64 holds -2**63 to 2**63 - 1)" : ""));
+  }
+}
+
+}  // namespace
+
 py::tuple shape_tuple(const Shape& shape) {
   py::tuple out(shape.rank());
   for (int i = 0; i < shape.rank(); ++i) out[i] = shape[i];
@@ -143,7 +202,14 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
   }
   py::module_ np = py::module_::import("numpy");
   const bool from_numpy = py::isinstance(value, np.attr("ndarray")) || py::isinstance(value, np.attr("generic"));
-  py::array array = np.attr("asarray")(value);
+  if (!from_numpy) refuse_python_ints_out_of_range(value, dtype);
+  py::array array;
+  try {
+    array = np.attr("asarray")(value);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_ValueError) && !e.matches(PyExc_RecursionError)) throw;
+    throw py::value_error("Can't convert " + type_name(value) + " to a Tensor: " + std::string(py::str(e.value())));
+  }
   const char kind = py::str(array.dtype().attr("kind")).cast<std::string>()[0];
   if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f') {
     throw py::type_error("Can't convert " + type_name(value) + " of numpy dtype " +
@@ -186,26 +252,30 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
 
 namespace {
 
-// A nest of lists, tuples and dicts (string keys) with leaves from `leaf`.
+// A nest of lists, tuples and dicts (string keys) with leaves from `leaf`;
+// at most kMaxNestDepth levels of recursion, whatever the input.
 template <class T, class Leaf>
-Nest<T> nest_of(py::handle value, const Leaf& leaf) {
-  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
-    std::vector<Nest<T>> items;
-    for (py::handle item : value) items.push_back(nest_of<T>(item, leaf));
-    return py::isinstance<py::list>(value) ? Nest<T>::list(std::move(items)) : Nest<T>::tuple(std::move(items));
+Nest<T> nest_of(py::handle value, const Leaf& leaf, std::size_t depth = 1) {
+  const bool sequence = py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value);
+  if (!sequence && !py::isinstance<py::dict>(value)) return Nest<T>(leaf(value));
+  if (depth > kMaxNestDepth) throw_too_deep();
+  const std::vector<py::object> items = items_of(value);
+  if (sequence) {
+    std::vector<Nest<T>> children;
+    children.reserve(items.size());
+    for (const py::object& item : items) children.push_back(nest_of<T>(item, leaf, depth + 1));
+    return py::isinstance<py::list>(value) ? Nest<T>::list(std::move(children)) : Nest<T>::tuple(std::move(children));
   }
-  if (py::isinstance<py::dict>(value)) {
-    typename Nest<T>::Items items;
-    for (auto [key, item] : value.cast<py::dict>()) {
-      if (!py::isinstance<py::str>(key)) {
-        throw py::type_error("a dict in a nest must have string keys, not " + type_name(key) + " " +
-                             std::string(py::repr(key)));
-      }
-      items.emplace_back(py::str(key).cast<std::string>(), nest_of<T>(item, leaf));
+  typename Nest<T>::Items children;
+  for (const py::object& pair : items) {
+    const py::object key = pair[py::int_(0)];
+    if (!py::isinstance<py::str>(key)) {
+      throw py::type_error("a dict in a nest must have string keys, not " + type_name(key) + " " +
+                           std::string(py::repr(key)));
     }
-    return Nest<T>::dict(std::move(items));
+    children.emplace_back(py::str(key).cast<std::string>(), nest_of<T>(pair[py::int_(1)], leaf, depth + 1));
   }
-  return Nest<T>(leaf(value));
+  return Nest<T>::dict(std::move(children));
 }
 
 // The Python lists, tuples and dicts of a nest, with leaves from `leaf`.
@@ -235,14 +305,18 @@ py::object python_of(const Nest<T>& nest, const Leaf& leaf) {
 }  // namespace
 
 bool holds_indexed_slices(py::handle value) {
-  if (py::isinstance<IndexedSlices>(value)) return true;
-  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
-    for (py::handle item : value) {
-      if (holds_indexed_slices(item)) return true;
-    }
-  } else if (py::isinstance<py::dict>(value)) {
-    for (auto item : value.cast<py::dict>()) {
-      if (holds_indexed_slices(item.second)) return true;
+  // Without recursion: a self-containing list must not exhaust the stack
+  // before nest_of's depth check refuses it.
+  std::vector<std::pair<py::object, std::size_t>> pending{{py::reinterpret_borrow<py::object>(value), 1}};
+  while (!pending.empty()) {
+    auto [v, depth] = std::move(pending.back());
+    pending.pop_back();
+    if (py::isinstance<IndexedSlices>(v)) return true;
+    const bool container = py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v) || py::isinstance<py::dict>(v);
+    if (!container) continue;
+    if (depth > kMaxNestDepth) throw_too_deep();
+    for (py::object& item : items_of(v)) {
+      pending.emplace_back(py::isinstance<py::dict>(v) ? py::object(item[py::int_(1)]) : std::move(item), depth + 1);
     }
   }
   return false;
@@ -268,22 +342,97 @@ py::object from_nest(const Nest<Tensor>& nest) {
   return python_of(nest, [](const Tensor& t) { return py::cast(t); });
 }
 
+int int_argument(py::handle value, std::string_view name) {
+  if (PyBool_Check(value.ptr()) || PyIndex_Check(value.ptr()) == 0) {
+    throw py::type_error(std::string(name) + " must be an int, got " + type_name(value) + " " +
+                         std::string(py::repr(value)));
+  }
+  const py::int_ index = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0 || v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+    throw py::value_error(std::string(name) + " " + std::string(py::repr(value)) + " is out of range");
+  }
+  return static_cast<int>(v);
+}
+
+std::vector<std::int64_t> shape_argument(py::handle value, std::string_view name) {
+  if (!py::isinstance<py::sequence>(value) || py::isinstance<py::str>(value) || py::isinstance<py::bytes>(value)) {
+    throw py::type_error(std::string(name) + " must be a sequence of ints (a tuple or a list), got " +
+                         type_name(value) + " " + std::string(py::repr(value)));
+  }
+  std::vector<std::int64_t> dims;
+  for (const py::object& d : items_of(value)) {
+    if (PyBool_Check(d.ptr()) || PyIndex_Check(d.ptr()) == 0) {
+      throw py::type_error(std::string(name) + " must be a sequence of ints, but " + std::string(py::repr(value)) +
+                           " holds " + type_name(d) + " " + std::string(py::repr(d)));
+    }
+    int overflow = 0;
+    const py::int_ index = py::reinterpret_steal<py::int_>(PyNumber_Index(d.ptr()));
+    if (!index) throw py::error_already_set();
+    dims.push_back(PyLong_AsLongLongAndOverflow(index.ptr(), &overflow));
+    if (overflow != 0)
+      throw py::value_error(std::string(name) + ": dimension " + std::string(py::repr(d)) + " is out of range");
+  }
+  return dims;
+}
+
+std::vector<std::string> device_names_argument(py::handle value, std::string_view name) {
+  if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value)) {
+    throw py::type_error(std::string(name) + " must be a list of device names (['CPU:0', 'CPU:1']), got " +
+                         type_name(value) + " " + std::string(py::repr(value)));
+  }
+  std::vector<std::string> names;
+  for (const py::object& d : items_of(value)) {
+    if (!py::isinstance<py::str>(d)) {
+      throw py::type_error(std::string(name) + " must hold device names (strings), not " + type_name(d) + " " +
+                           std::string(py::repr(d)));
+    }
+    names.push_back(d.cast<std::string>());
+  }
+  return names;
+}
+
+CommunicationOptions options_argument(py::handle value) {
+  if (value.is_none()) return {};
+  if (!py::isinstance<CommunicationOptions>(value)) {
+    throw py::type_error("options must be a CommunicationOptions or None, got " + type_name(value) + " " +
+                         std::string(py::repr(value)));
+  }
+  return value.cast<CommunicationOptions>();
+}
+
 // DISTRIBUTE_GPUS_AS_CPUS=1, where no GPU is visible, runs "GPU:k" (in any
 // of TF's spellings) on "CPU:k", so that the seed's examples run anywhere.
 // With GPUs, or without the variable, GPU names go to the library as written.
+namespace {
+// Where "GPU:" stands in a device name, in any case; npos if nowhere.
+std::size_t gpu_position(const std::string& d, std::size_t from = 0) {
+  for (std::size_t i = from; i + 4 <= d.size(); ++i) {
+    if (std::toupper(static_cast<unsigned char>(d[i])) == 'G' &&
+        std::toupper(static_cast<unsigned char>(d[i + 1])) == 'P' &&
+        std::toupper(static_cast<unsigned char>(d[i + 2])) == 'U' && d[i + 3] == ':') {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+}  // namespace
+
 std::vector<std::string> map_gpu_names(std::vector<std::string> devices) {
   const char* flag = std::getenv("DISTRIBUTE_GPUS_AS_CPUS");
   if (flag == nullptr || std::string(flag) != "1" || !list_physical_devices("GPU").empty()) return devices;
   for (std::string& d : devices) {
-    for (std::size_t i = 0; i + 4 <= d.size(); ++i) {
-      if (std::toupper(static_cast<unsigned char>(d[i])) == 'G' &&
-          std::toupper(static_cast<unsigned char>(d[i + 1])) == 'P' &&
-          std::toupper(static_cast<unsigned char>(d[i + 2])) == 'U' && d[i + 3] == ':') {
-        d.replace(i, 3, "CPU");
-      }
-    }
+    for (std::size_t i = gpu_position(d); i != std::string::npos; i = gpu_position(d, i + 4)) d.replace(i, 3, "CPU");
   }
   return devices;
+}
+
+bool names_a_gpu_where_none_is(const std::vector<std::string>& devices) {
+  bool named = false;
+  for (const std::string& d : devices) named = named || gpu_position(d) != std::string::npos;
+  return named && list_physical_devices("GPU").empty();
 }
 
 }  // namespace distribute::python

@@ -51,9 +51,48 @@ Tensor to_tensor(py::handle value, std::optional<DType> dtype = std::nullopt);
 // to_tensor takes; and back, as lists, tuples and dicts of Tensors.
 Nest<Tensor> to_nest(py::handle value);
 
+// Arguments as Python gives them, checked: a TypeError (or ValueError for a
+// value out of range) names the argument and what it must be, where a bare
+// cast would say "Unable to cast Python instance to C++ type".
+// An int (or anything with __index__, not a bool or a float) that fits an int.
+int int_argument(py::handle value, std::string_view name);
+// A sequence of ints (a shape).
+std::vector<std::int64_t> shape_argument(py::handle value, std::string_view name);
+// A list or tuple of device names (a lone string is refused: ["CPU:0"]).
+std::vector<std::string> device_names_argument(py::handle value, std::string_view name);
+// A CommunicationOptions, or None for the defaults.
+CommunicationOptions options_argument(py::handle value);
+
+// Records that `s` was made in this process: a strategy made before
+// os.fork() is refused in the child, whose replica threads it lacks
+// (strategy_bindings.cc). made_here(std::make_unique<...>(...)) records and
+// passes the strategy on.
+void note_made_here(const Strategy& s);
+template <class S>
+std::unique_ptr<S> made_here(std::unique_ptr<S> s) {
+  note_made_here(*s);
+  return s;
+}
+
 // Devices as the user named them, except that with DISTRIBUTE_GPUS_AS_CPUS=1
 // and no GPU visible, "GPU:k" (in any of TF's spellings) becomes "CPU:k".
 std::vector<std::string> map_gpu_names(std::vector<std::string> devices);
+
+// make() of a strategy on `devices` (as map_gpu_names left them): where it
+// raises InvalidArgumentError for a GPU name and no GPU is visible, the
+// message gains how to run GPU names on CPUs (DISTRIBUTE_GPUS_AS_CPUS=1).
+bool names_a_gpu_where_none_is(const std::vector<std::string>& devices);
+template <class Make>
+auto with_gpus_as_cpus_hint(const std::vector<std::string>& devices, Make&& make) -> decltype(make()) {
+  try {
+    return make();
+  } catch (const InvalidArgumentError& e) {
+    if (!names_a_gpu_where_none_is(devices)) throw;
+    throw InvalidArgumentError(std::string(e.what()) +
+                               ". Without a GPU, set DISTRIBUTE_GPUS_AS_CPUS=1 to run GPU:k on CPU:k (as the seed's "
+                               "examples need)");
+  }
+}
 py::object from_nest(const Nest<Tensor>& nest);
 
 // The same, with IndexedSlices leaves among the tensors.

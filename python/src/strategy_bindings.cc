@@ -4,6 +4,8 @@
 // gives it back, so replicas whose work is numpy or BLAS run side by side.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
@@ -16,6 +18,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -32,14 +36,9 @@ ReduceOp reduce_op_of(const py::handle& op) {
   throw py::type_error("reduce_op must be a ReduceOp or its name, not " + std::string(py::repr(op)));
 }
 
-CommunicationOptions options_of(const py::handle& options) {
-  if (options.is_none()) return {};
-  return options.cast<CommunicationOptions>();
-}
-
 std::optional<int> axis_of(const py::handle& axis) {
   if (axis.is_none()) return std::nullopt;
-  return axis.cast<int>();
+  return int_argument(axis, "reduce: axis");
 }
 
 bool is_structure(const py::handle& value) {
@@ -47,10 +46,26 @@ bool is_structure(const py::handle& value) {
 }
 
 // `with strategy.scope():` as a Python context manager.
+// A scope is a thread's: it is exited on the thread that entered it. A
+// guard dropped while its scope is still entered on another thread (a
+// garbage collection elsewhere) leaves that scope as it is and keeps its
+// strategy alive for good, so that the entering thread's context never
+// names a strategy that is gone.
 struct ScopeGuard {
   Strategy* strategy;
   py::object owner;  // the Python strategy: alive while the scope is
   std::optional<StrategyScope> scope;
+  std::thread::id entered_on;
+
+  ScopeGuard(Strategy* s, py::object o) : strategy(s), owner(std::move(o)) {}
+  ScopeGuard(ScopeGuard&&) = default;
+  ScopeGuard& operator=(ScopeGuard&&) = delete;
+  ~ScopeGuard() {
+    if (!scope || entered_on == std::this_thread::get_id()) return;
+    new StrategyScope(std::move(*scope));  // never destroyed: the entering thread still stands in it
+    owner.release();                       // (a reference kept for good)
+    scope.reset();
+  }
 };
 
 // A C++ object owned elsewhere (a replica context, the default strategy) as
@@ -70,22 +85,56 @@ unsigned long main_thread_ident() {   // NOLINT(google-runtime-int): Python's ty
 
 // A replica's thread (the strategy's pool, the main thread's runner) keeps its
 // Python thread state from one run to the next instead of making one each
-// time it takes the GIL. It is the interpreter's to free when the thread has
-// ended (one per thread, a few hundred bytes).
+// time it takes the GIL. When the thread ends (its strategy is destroyed) it
+// cannot take the GIL to free the state (the thread destroying the strategy
+// may hold it while it joins): it hands the state over, and the next thread
+// that holds the GIL here frees it (free_ended_thread_states).
+std::mutex ended_states_mutex;
+std::vector<PyThreadState*> ended_states;  // guarded by ended_states_mutex
+
+struct KeptThreadState {
+  PyThreadState* state = nullptr;
+  ~KeptThreadState() {
+    if (state == nullptr) return;
+    const std::lock_guard<std::mutex> lock(ended_states_mutex);
+    ended_states.push_back(state);
+  }
+};
+thread_local KeptThreadState kept_thread_state;
+
 void keep_thread_state(py::gil_scoped_acquire& gil) {
-  thread_local bool kept = false;
-  if (!kept) {
+  if (kept_thread_state.state == nullptr) {
     gil.inc_ref();
-    kept = true;
+    kept_thread_state.state = PyThreadState_Get();
+  }
+}
+
+// With the GIL held: frees the states of replica threads that have ended.
+void free_ended_thread_states() {
+  std::vector<PyThreadState*> ended;
+  {
+    const std::lock_guard<std::mutex> lock(ended_states_mutex);
+    ended.swap(ended_states);
+  }
+  for (PyThreadState* state : ended) {
+    PyThreadState_Clear(state);
+    PyThreadState_Delete(state);
   }
 }
 
 // The thread that runs a run for Python's main thread (see interruptible):
 // one, kept for the process, so that a run does not pay for a new thread.
+// A child of os.fork() has no such thread (only the forking thread goes on
+// in a child): it makes its own on first use.
 class MainThreadRunner {
  public:
   static MainThreadRunner& get() {
-    static auto* runner = new MainThreadRunner;  // never destroyed: its thread may outlive static destructors
+    static MainThreadRunner* runner = nullptr;  // never destroyed: its thread may outlive static destructors
+    static pid_t owner = 0;
+    if (runner == nullptr || owner != getpid()) {  // (the parent's, in a child, is left as it was)
+      runner = new MainThreadRunner;
+      owner = getpid();
+    }
     return *runner;
   }
   // Starts job() on the runner thread; wait_for() tells when it has returned.
@@ -98,6 +147,11 @@ class MainThreadRunner {
   bool wait_for(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     return cv_.wait_for(lock, timeout, [&] { return done_; });
+  }
+  // Whether a job is in flight (only the main thread starts jobs).
+  bool busy() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return !done_;
   }
 
  private:
@@ -122,6 +176,71 @@ class MainThreadRunner {
   bool done_ = true;
 };
 
+// The runs in flight, so that the interpreter's exit can end them first
+// (end_runs_for_exit, called by atexit before the interpreter finalises).
+// A thread that comes back from C++ into a finalising interpreter is ended
+// by Python inside C++ frames, which aborts the process; a run ended before
+// that point comes back while Python still runs. An InFlight is made and
+// destroyed with the GIL held, so a run counts until its thread is back in
+// Python; after the exit began, a run is refused before the GIL is let go.
+std::mutex in_flight_mutex;
+std::condition_variable in_flight_changed;
+std::unordered_multiset<Strategy*> in_flight;  // guarded by in_flight_mutex
+bool exiting = false;                          // guarded by in_flight_mutex
+
+class InFlight {
+ public:
+  explicit InFlight(Strategy& s) : strategy_(&s) {
+    const std::lock_guard<std::mutex> lock(in_flight_mutex);
+    if (exiting) throw CancelledError("run: the Python interpreter is exiting; no new run starts");
+    in_flight.insert(strategy_);
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    const std::lock_guard<std::mutex> lock(in_flight_mutex);
+    in_flight.erase(in_flight.find(strategy_));
+    in_flight_changed.notify_all();
+  }
+
+ private:
+  Strategy* strategy_;
+};
+
+// At exit (atexit, the GIL held): cancels every run in flight (daemon
+// threads' runs) and waits, without the GIL, until they have returned into
+// Python, for at most `seconds`; no run starts after this.
+void end_runs_for_exit(double seconds) {
+  std::unique_lock<std::mutex> lock(in_flight_mutex);
+  exiting = true;
+  if (in_flight.empty()) return;
+  for (Strategy* s : in_flight) s->cancel_run("the Python interpreter is exiting");
+  lock.unlock();
+  py::gil_scoped_release release;
+  lock.lock();
+  in_flight_changed.wait_for(lock, std::chrono::duration<double>(seconds), [] { return in_flight.empty(); });
+}
+
+// The strategies made from Python, with the process that made each: a
+// strategy made before os.fork() has no replica threads in the child.
+std::mutex made_in_mutex;
+std::unordered_map<const Strategy*, pid_t> made_in;  // guarded by made_in_mutex
+
+void require_made_here(const Strategy& s) {
+  pid_t maker = 0;
+  {
+    const std::lock_guard<std::mutex> lock(made_in_mutex);
+    auto it = made_in.find(&s);
+    if (it == made_in.end()) return;
+    maker = it->second;
+  }
+  if (maker != getpid()) {
+    throw FailedPreconditionError(s.describe() + " was made in process " + std::to_string(maker) +
+                                  ", before os.fork(); its replica threads do not exist in this child process " +
+                                  std::to_string(getpid()) + ": make a new strategy here");
+  }
+}
+
 // Runs `run` (a Strategy::run) so that Ctrl-C stops it. Python handles a
 // signal only on its main thread, between bytecodes; so there the run goes to
 // the runner thread, and this one waits with the GIL released, looking for
@@ -130,10 +249,15 @@ class MainThreadRunner {
 // collective get CancelledError at once, the others at their next one) and
 // is raised when the run has ended. Anywhere else (a replica's thread, a
 // merge_fn) the run happens here, as it would in C++.
+//
+// A run started on the main thread while the runner has one in flight (a
+// signal handler that calls run while the main thread waits here) runs on
+// the main thread itself, as any other thread's would: it takes its turn
+// after the first when both are on one strategy.
 template <class Run>
 auto interruptible(Strategy& s, const Run& run) -> decltype(run()) {
   using Result = decltype(run());
-  if (PyThread_get_thread_ident() != main_thread_ident()) {
+  if (PyThread_get_thread_ident() != main_thread_ident() || MainThreadRunner::get().busy()) {
     py::gil_scoped_release release;
     return run();
   }
@@ -247,20 +371,22 @@ void bind_strategies(py::module_& m) {
           py::return_value_policy::reference_internal)
       .def("__repr__", &Strategy::describe)
       .def(
-          "scope",
-          [](Strategy& s) {
-            return ScopeGuard{&s, python_strategy(s), std::nullopt};
-          },
+          "scope", [](Strategy& s) { return ScopeGuard(&s, python_strategy(s)); },
           "Enters this strategy's cross-replica context: `with strategy.scope(): ...`.")
       .def(
           "_run_replicas",
           [](Strategy& s, const py::function& replica_fn, bool call_for_each_replica) {
+            require_made_here(s);
+            free_ended_thread_states();
             auto body = [&replica_fn](ReplicaContext& ctx) {
               py::gil_scoped_acquire gil;
               keep_thread_state(gil);
               return PyHandle(replica_fn(ctx.local_replica_id()));
             };
             // The two differ in the API their errors name (and TF's checks).
+            // Counted with the GIL held on both sides: an exit waiting for it
+            // sees the end only once this thread is back in Python.
+            const InFlight counted(s);
             const std::vector<PyHandle> results = interruptible(s, [&] {
               return call_for_each_replica ? s.extended().call_for_each_replica(body).values() : s.run(body).values();
             });
@@ -304,11 +430,13 @@ void bind_strategies(py::module_& m) {
              return s.reduce(r, PerReplica<IndexedSlices>(std::move(components)));
            })
       .def("_gather_per_replica",
-           [](Strategy& s, std::vector<Tensor> components, int axis) {
+           [](Strategy& s, std::vector<Tensor> components, const py::object& axis_arg) {
+             const int axis = int_argument(axis_arg, "gather: axis");
              py::gil_scoped_release release;
              return s.gather(PerReplica<Tensor>(std::move(components)), axis);
            })
-      .def("_gather_tensor", [](Strategy& s, const py::object& value, int axis) {
+      .def("_gather_tensor", [](Strategy& s, const py::object& value, const py::object& axis_arg) {
+        const int axis = int_argument(axis_arg, "gather: axis");
         const Tensor t = to_tensor(value);
         py::gil_scoped_release release;
         return s.gather(t, axis);
@@ -321,32 +449,51 @@ void bind_strategy_kinds(py::module_& m) {
            [](ScopeGuard& g) {
              if (g.scope) throw py::value_error("this scope() is already entered: call strategy.scope() again");
              g.scope.emplace(g.strategy->scope());
+             g.entered_on = std::this_thread::get_id();
              return g.owner;
            })
       .def("__exit__", [](ScopeGuard& g, const py::args&) {
+        if (g.scope && g.entered_on != std::this_thread::get_id()) {
+          throw FailedPreconditionError("scope() of " + g.strategy->describe() +
+                                        " was entered on another thread and cannot be exited on this one: exit "
+                                        "it on the thread that entered it (a scope is a thread's, as in TF)");
+        }
         g.scope.reset();
         return false;
       });
 
   py::class_<OneDeviceStrategy, Strategy>(m, "OneDeviceStrategy", "One replica, on one device.")
       .def(py::init([](const std::string& device, const std::optional<CommunicationOptions>& options) {
-             return std::make_unique<OneDeviceStrategy>(map_gpu_names({device})[0],
-                                                        options.value_or(CommunicationOptions{}));
+             const std::vector<std::string> mapped = map_gpu_names({device});
+             return with_gpus_as_cpus_hint(mapped, [&] {
+               return made_here(
+                   std::make_unique<OneDeviceStrategy>(mapped[0], options.value_or(CommunicationOptions{})));
+             });
            }),
            py::arg("device"), py::arg("communication_options") = py::none());
 
   py::class_<MirroredStrategy, Strategy>(m, "MirroredStrategy",
                                          "Replicas on devices of this host, one thread each; values kept in sync.")
-      .def(py::init([](const std::optional<std::vector<std::string>>& devices, const py::object& cross_device_ops,
-                       const std::optional<CommunicationOptions>& options) {
+      .def(py::init([](const py::object& devices, const py::object& cross_device_ops, const py::object& options) {
              if (!cross_device_ops.is_none()) {
                throw UnimplementedError(
                    "MirroredStrategy: cross_device_ops is not supported; pass "
                    "communication_options=CommunicationOptions(implementation=...) instead");
              }
-             if (!devices) return std::make_unique<MirroredStrategy>();
-             return std::make_unique<MirroredStrategy>(map_gpu_names(*devices),
-                                                       options.value_or(CommunicationOptions{}));
+             const CommunicationOptions o = options_argument(options);
+             if (devices.is_none() && options.is_none()) return made_here(std::make_unique<MirroredStrategy>());
+             if (devices.is_none()) {
+               // MirroredStrategy()'s devices, one per usable core, with the options given.
+               cpu_set_t set;
+               const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+               std::vector<std::string> all;
+               for (int i = 0; i < cores; ++i) all.push_back("CPU:" + std::to_string(i));
+               return made_here(std::make_unique<MirroredStrategy>(all, o));
+             }
+             const std::vector<std::string> mapped =
+                 map_gpu_names(device_names_argument(devices, "MirroredStrategy: devices"));
+             return with_gpus_as_cpus_hint(mapped,
+                                           [&] { return made_here(std::make_unique<MirroredStrategy>(mapped, o)); });
            }),
            py::arg("devices") = py::none(), py::arg("cross_device_ops") = py::none(),
            py::arg("communication_options") = py::none());
@@ -368,7 +515,7 @@ void bind_replica_context(py::module_& m) {
           "all_reduce",
           [](ReplicaContext& ctx, const py::object& reduce_op, const py::object& value, const py::object& options) {
             const ReduceOp op = reduce_op_of(reduce_op);
-            const CommunicationOptions o = options_of(options);
+            const CommunicationOptions o = options_argument(options);
             if (py::isinstance<IndexedSlices>(value)) {
               const auto in = value.cast<IndexedSlices>();
               return without_gil_to_python([&] { return ctx.all_reduce(op, in, o); });
@@ -388,8 +535,9 @@ void bind_replica_context(py::module_& m) {
           "All-reduces a tensor, an IndexedSlices, or a nest (lists, tuples, dicts) of them across replicas.")
       .def(
           "all_gather",
-          [](ReplicaContext& ctx, const py::object& value, int axis, const py::object& options) {
-            const CommunicationOptions o = options_of(options);
+          [](ReplicaContext& ctx, const py::object& value, const py::object& axis_arg, const py::object& options) {
+            const int axis = int_argument(axis_arg, "all_gather: axis");
+            const CommunicationOptions o = options_argument(options);
             if (py::isinstance<IndexedSlices>(value)) {
               const auto in = value.cast<IndexedSlices>();
               return without_gil_to_python([&] { return ctx.all_gather(in, axis, o); });
@@ -401,8 +549,9 @@ void bind_replica_context(py::module_& m) {
           "between replicas.")
       .def(
           "broadcast",
-          [](ReplicaContext& ctx, const py::object& value, int root_replica, const py::object& options) {
-            const CommunicationOptions o = options_of(options);
+          [](ReplicaContext& ctx, const py::object& value, const py::object& root_arg, const py::object& options) {
+            const int root_replica = int_argument(root_arg, "broadcast: root_replica");
+            const CommunicationOptions o = options_argument(options);
             return collective_on(value, [&](const auto& v) { return ctx.broadcast(v, root_replica, o); });
           },
           py::arg("value"), py::arg("root_replica") = 0, py::arg("options") = py::none(),
@@ -497,7 +646,7 @@ void bind_extended(py::module_& m) {
            [](StrategyExtended& e, const py::object& op, std::vector<Tensor> components, ValueKind kind,
               const std::vector<std::string>& devices, const py::object& options) {
              const ReduceOp r = reduce_op_of(op);
-             const CommunicationOptions o = options_of(options);
+             const CommunicationOptions o = options_argument(options);
              py::gil_scoped_release release;
              return reduce_to(e, r, std::move(components), kind, Destinations::of_devices(devices), o);
            })
@@ -505,7 +654,7 @@ void bind_extended(py::module_& m) {
            [](StrategyExtended& e, const py::object& op, const std::vector<std::vector<Tensor>>& values,
               const std::vector<std::vector<std::string>>& devices, const py::object& options) {
              const ReduceOp r = reduce_op_of(op);
-             const CommunicationOptions o = options_of(options);
+             const CommunicationOptions o = options_argument(options);
              py::gil_scoped_release release;
              std::vector<std::pair<PerReplica<Tensor>, Destinations>> pairs;
              for (std::size_t i = 0; i < values.size(); ++i) {
@@ -526,7 +675,25 @@ void bind_extended(py::module_& m) {
 
 }  // namespace
 
+void note_made_here(const Strategy& s) {
+  const std::lock_guard<std::mutex> lock(made_in_mutex);
+  made_in[&s] = getpid();
+}
+
 void bind_strategy(py::module_& m) {
+  m.def("_end_runs_for_exit", &end_runs_for_exit, py::arg("seconds") = 10.0,
+        "Called by atexit: cancels the runs in flight and waits for them to return into Python.");
+  m.def(
+      "_thread_state_count",
+      [] {
+        int n = 0;
+        for (PyThreadState* t = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); t != nullptr;
+             t = PyThreadState_Next(t)) {
+          ++n;
+        }
+        return n;
+      },
+      "The interpreter's thread states (for the tests of thread-state reuse).");
   // Function-local statics that call into Python are made now, on the
   // importing thread: made later on a replica thread, one waiting for the
   // GIL inside the static's guard deadlocks another holding the GIL at the

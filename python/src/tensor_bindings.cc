@@ -231,7 +231,7 @@ void bind_tensor(py::module_& m) {
         if (!dtype.is_none()) d = dtype_from_python(dtype);
         Tensor t = to_tensor(value, d);
         if (shape.is_none()) return t;
-        std::vector<std::int64_t> dims = shape.cast<std::vector<std::int64_t>>();
+        std::vector<std::int64_t> dims = shape_argument(shape, "constant: shape");
         const Shape target(dims);
         if (t.num_elements() == 1 && target.num_elements() != 1) {
           // tf.constant(0., shape=(2, 3)) fills the shape.

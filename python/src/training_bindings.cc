@@ -174,17 +174,132 @@ void bind_update(py::module_& m) {
   });
 }
 
+// A Python callable as a schedule (a Keras LearningRateSchedule subclass, a
+// lambda): called with the step, in the step's merge_call, with the GIL.
+class PythonSchedule final : public LearningRateSchedule {
+ public:
+  explicit PythonSchedule(py::object fn) : fn_(std::move(fn)) {}
+  double operator()(std::int64_t step) const override {
+    py::gil_scoped_acquire gil;
+    py::object rate = fn_.get()(step);
+    try {
+      return py::float_(rate).cast<double>();
+    } catch (const py::error_already_set&) {
+      throw InvalidArgumentError("learning_rate: the schedule " + describe() + " returned " +
+                                 py::repr(rate).cast<std::string>() + " at step " + std::to_string(step) +
+                                 ", not a number");
+    }
+  }
+  std::string describe() const override {
+    py::gil_scoped_acquire gil;
+    return py::repr(fn_.get()).cast<std::string>();
+  }
+  const py::object& object() const { return fn_.get(); }
+
+ private:
+  PyHandle fn_;
+};
+
+// learning_rate as Python gives it: a number, one of the library's
+// schedules, or any callable of the step.
+LearningRate learning_rate_of(const py::object& value) {
+  if (py::isinstance<LearningRateSchedule>(value)) {
+    return LearningRate(value.cast<std::shared_ptr<LearningRateSchedule>>());
+  }
+  if (py::isinstance<py::bool_>(value)) throw py::type_error("learning_rate must be a number or a schedule, got bool");
+  if (PyNumber_Check(value.ptr()) != 0 && !PyCallable_Check(value.ptr())) {
+    return LearningRate(py::float_(value).cast<double>());
+  }
+  if (PyCallable_Check(value.ptr()) != 0) return LearningRate(std::make_shared<PythonSchedule>(value));
+  throw py::type_error("learning_rate must be a number or a schedule (a callable of the step), got " +
+                       std::string(py::str(value.get_type().attr("__name__"))));
+}
+
+py::object learning_rate_to_python(const LearningRate& rate) {
+  const auto& schedule = rate.schedule();
+  if (!schedule) return py::float_(rate.value());
+  if (const auto* python = dynamic_cast<const PythonSchedule*>(schedule.get())) return python->object();
+  return py::cast(std::const_pointer_cast<LearningRateSchedule>(schedule));
+}
+
+// grads_and_vars as Keras takes it: an iterable of (gradient or None, variable) pairs.
+std::vector<GradientAndVariable> gradient_pairs(const py::iterable& grads_and_vars) {
+  std::vector<GradientAndVariable> pairs;
+  std::size_t k = 0;
+  for (py::handle item : grads_and_vars) {
+    const auto bad = [&](const std::string& why) {
+      return py::type_error("apply_gradients: grads_and_vars[" + std::to_string(k) +
+                            "] must be a (gradient, variable) pair; " + why);
+    };
+    if (!py::isinstance<py::sequence>(item) || py::isinstance<py::str>(item)) {
+      throw bad("got " + std::string(py::str(item.get_type().attr("__name__"))));
+    }
+    auto pair = py::reinterpret_borrow<py::sequence>(item);
+    if (pair.size() != 2) throw bad("got " + std::to_string(pair.size()) + " items");
+    py::object grad = pair[0];
+    py::object var = pair[1];
+    if (!py::isinstance<Variable>(var)) {
+      throw bad("its second item is a " + std::string(py::str(var.get_type().attr("__name__"))) +
+                ", not a distribute.Variable");
+    }
+    const auto& v = var.cast<const Variable&>();
+    pairs.emplace_back(grad.is_none() ? std::nullopt : std::optional<Tensor>(to_tensor(grad, v.dtype())), v);
+    ++k;
+  }
+  bool any = false;
+  for (const auto& pair : pairs) any = any || pair.first.has_value();
+  if (!pairs.empty() && !any) {
+    std::string names;
+    for (const auto& pair : pairs) names += (names.empty() ? "'" : ", '") + pair.second.name() + "'";
+    throw py::value_error("No gradients provided for any variable: (" + names + ")");
+  }
+  return pairs;
+}
+
+void bind_schedules(py::module_& m) {
+  py::class_<LearningRateSchedule, std::shared_ptr<LearningRateSchedule>>(
+      m, "LearningRateSchedule", "A learning rate as a function of the step, as Keras' schedules.")
+      .def(
+          "__call__", [](const LearningRateSchedule& s, std::int64_t step) { return s(step); }, py::arg("step"))
+      .def("__repr__", &LearningRateSchedule::describe);
+  py::class_<ExponentialDecay, LearningRateSchedule, std::shared_ptr<ExponentialDecay>>(m, "ExponentialDecay")
+      .def(py::init<double, std::int64_t, double, bool>(), py::arg("initial_learning_rate"), py::arg("decay_steps"),
+           py::arg("decay_rate"), py::arg("staircase") = false);
+  py::class_<PiecewiseConstantDecay, LearningRateSchedule, std::shared_ptr<PiecewiseConstantDecay>>(
+      m, "PiecewiseConstantDecay")
+      .def(py::init<std::vector<std::int64_t>, std::vector<double>>(), py::arg("boundaries"), py::arg("values"));
+  py::class_<CosineDecay, LearningRateSchedule, std::shared_ptr<CosineDecay>>(m, "CosineDecay")
+      .def(py::init<double, std::int64_t, double>(), py::arg("initial_learning_rate"), py::arg("decay_steps"),
+           py::arg("alpha") = 0.0);
+}
+
 void bind_optimizers(py::module_& m) {
+  bind_schedules(m);
   py::class_<Optimizer>(m, "Optimizer", "The base of SGD and Adam.")
       .def_property_readonly("name", [](const Optimizer& o) { return std::string(o.name()); })
-      .def_property_readonly("iterations", &Optimizer::iterations)
+      .def_property(
+          "iterations", &Optimizer::iterations,
+          [](Optimizer& o, const py::object& n) {
+            if (!py::isinstance<py::int_>(n) || py::isinstance<py::bool_>(n)) {
+              throw py::type_error("iterations must be an int, got " +
+                                   std::string(py::str(n.get_type().attr("__name__"))));
+            }
+            o.set_iterations(n.cast<std::int64_t>());
+          },
+          "Steps taken (Keras' iterations); settable, so that a restored optimizer goes on with its schedule.")
+      .def_property(
+          "learning_rate", [](const Optimizer& o) { return learning_rate_to_python(o.learning_rate()); },
+          [](Optimizer& o, const py::object& rate) { o.set_learning_rate(learning_rate_of(rate)); },
+          "A number or a schedule (ExponentialDecay, PiecewiseConstantDecay, CosineDecay, or a callable of the "
+          "step), evaluated at `iterations`.")
+      .def_property_readonly("current_learning_rate", &Optimizer::current_learning_rate, "The rate the next step uses.")
       .def(
           "apply_gradients",
           [](Optimizer& o, const py::iterable& grads_and_vars, const py::object& options) {
-            std::vector<GradientAndVariable> pairs;
-            for (py::handle pair : grads_and_vars) {
-              auto [grad, var] = pair.cast<std::pair<py::object, Variable>>();
-              pairs.emplace_back(to_tensor(grad, var.dtype()), var);
+            std::vector<GradientAndVariable> pairs = gradient_pairs(grads_and_vars);
+            if (!options.is_none() && !py::isinstance<CommunicationOptions>(options)) {
+              throw py::type_error("apply_gradients: options must be a CommunicationOptions or None, got " +
+                                   std::string(py::str(options.get_type().attr("__name__"))));
             }
             const CommunicationOptions opts =
                 options.is_none() ? CommunicationOptions{} : options.cast<CommunicationOptions>();
@@ -193,18 +308,18 @@ void bind_optimizers(py::module_& m) {
           },
           py::arg("grads_and_vars"), py::arg("options") = py::none(),
           "One step: in a replica context, the gradients are all-reduced (one merge_call) and every variable "
-          "updated once.")
+          "updated once. A None gradient leaves its variable as it is (with a warning).")
       .def("get_slot", &Optimizer::get_slot);
   py::class_<SGD, Optimizer>(m, "SGD").def(
-      py::init([](double learning_rate, double momentum, bool nesterov) {
+      py::init([](const py::object& learning_rate, double momentum, bool nesterov) {
         return std::make_unique<SGD>(
-            SGD::Options{.learning_rate = learning_rate, .momentum = momentum, .nesterov = nesterov});
+            SGD::Options{.learning_rate = learning_rate_of(learning_rate), .momentum = momentum, .nesterov = nesterov});
       }),
       py::arg("learning_rate") = 0.01, py::arg("momentum") = 0.0, py::arg("nesterov") = false);
   py::class_<Adam, Optimizer>(m, "Adam").def(
-      py::init([](double learning_rate, double beta_1, double beta_2, double epsilon) {
-        return std::make_unique<Adam>(
-            Adam::Options{.learning_rate = learning_rate, .beta_1 = beta_1, .beta_2 = beta_2, .epsilon = epsilon});
+      py::init([](const py::object& learning_rate, double beta_1, double beta_2, double epsilon) {
+        return std::make_unique<Adam>(Adam::Options{
+            .learning_rate = learning_rate_of(learning_rate), .beta_1 = beta_1, .beta_2 = beta_2, .epsilon = epsilon});
       }),
       py::arg("learning_rate") = 0.001, py::arg("beta_1") = 0.9, py::arg("beta_2") = 0.999, py::arg("epsilon") = 1e-7);
 }
