@@ -4,16 +4,36 @@
 // there; tensors, collectives, checks and errors stay in C++.
 #include <pybind11/pybind11.h>
 
+#include <exception>
+#include <optional>
 #include <string>
 
 #include "bindings.h"
 #include "distribute/errors.h"
+#include "distribute/internal/exception_text.h"
 
 namespace distribute::python {
 
 namespace py = pybind11;
 
+// A Python exception carried through C++ (pybind11::error_already_set), as
+// other replicas and workers quote it: "KeyError: 'missing'", without the
+// wrapper's type and the traceback that run raises with the original.
+std::optional<std::string> describe_python_exception(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const py::error_already_set& error) {
+    std::string text = error.what();
+    const std::size_t traceback = text.find("\n\nAt:");
+    if (traceback != std::string::npos) text.resize(traceback);
+    return text;
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
 void bind_errors(py::module_& m) {
+  internal::set_exception_describer(&describe_python_exception);
   // distribute.errors (errors.py) holds the classes, named as TensorFlow's:
   // InvalidArgumentError, ... all subclasses of OpError. Looked up when an
   // error is raised, so the module imports in either order.

@@ -391,6 +391,17 @@ def test_wrong_argument_types_are_typed_errors_naming_the_argument():
                 raise KeyError("missing")
             return ctx().all_reduce("sum", 1.0)
         outcome("carried", lambda: s.run(boom))
+        seen_by_others = []
+        def boom_seen():
+            if int(ctx().replica_id_in_sync_group) == 0:
+                raise KeyError("missing")
+            try:
+                return ctx().all_reduce("sum", 1.0)
+            except ds.errors.AbortedError as e:
+                seen_by_others.append(str(e))
+                raise
+        outcome("carried_run", lambda: s.run(boom_seen))
+        print("others", seen_by_others[0].replace(chr(10), " "), flush=True)
         """
     )
     assert code == 0, err
@@ -412,5 +423,7 @@ def test_wrong_argument_types_are_typed_errors_naming_the_argument():
     }
     for name, start in expect.items():
         assert seen[name].startswith(start), (name, seen[name])
+    # The other replica reads the exception as Python's own, not its C++ wrapper.
+    assert seen["others"].startswith("Replica 0 failed with KeyError: 'missing'; "), seen["others"]
     assert "Unable to cast" not in " ".join(seen.values())
     assert "error_already_set" not in " ".join(seen.values())

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/seconds.h"
+#include "distribute/internal/exception_text.h"
 #include "distribute/replica_context.h"
 #include "distribute/strategy.h"
 #include "runtime/mode.h"
@@ -30,7 +31,16 @@
 namespace distribute {
 namespace internal {
 
+namespace {
+std::atomic<ExceptionDescriber> exception_describer{nullptr};
+}  // namespace
+
+void set_exception_describer(ExceptionDescriber describer) noexcept { exception_describer.store(describer); }
+
 std::string describe_exception(const std::exception_ptr& e) {
+  if (const ExceptionDescriber describer = exception_describer.load()) {
+    if (std::optional<std::string> text = describer(e)) return *std::move(text);
+  }
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
