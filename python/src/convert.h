@@ -7,9 +7,15 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distribute/distribute.h"
@@ -74,6 +80,17 @@ std::unique_ptr<S> made_here(std::unique_ptr<S> s) {
   return s;
 }
 
+// make() on a thread of its own while Python's main thread waits for it
+// with the GIL let go, looking for signals every 20 ms: a KeyboardInterrupt
+// (or any exception a signal handler raises) is raised within that, and
+// make() is left to finish or block on its own (what it made is then
+// destroyed there). For waits nothing can cancel, such as workers meeting
+// over MPI. Elsewhere than the main thread, make() runs here without the GIL.
+template <class T>
+T wait_interruptibly(std::function<T()> make);
+bool on_python_main_thread();
+bool python_signal_raised();  // PyErr_CheckSignals, with the GIL held
+
 // Devices as the user named them, except that with DISTRIBUTE_GPUS_AS_CPUS=1
 // and no GPU visible, "GPU:k" (in any of TF's spellings) becomes "CPU:k".
 std::vector<std::string> map_gpu_names(std::vector<std::string> devices);
@@ -99,5 +116,45 @@ py::object from_nest(const Nest<Tensor>& nest);
 bool holds_indexed_slices(py::handle value);
 Nest<TensorOrSlices> to_mixed_nest(py::handle value);
 py::object from_mixed_nest(const Nest<TensorOrSlices>& nest);
+
+template <class T>
+T wait_interruptibly(std::function<T()> make) {
+  if (!on_python_main_thread()) {
+    py::gil_scoped_release release;
+    return make();
+  }
+  struct State {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::optional<T> result;
+    std::exception_ptr error;
+  };
+  auto state = std::make_shared<State>();
+  std::thread([state, make = std::move(make)] {
+    std::optional<T> result;
+    std::exception_ptr error;
+    try {
+      result.emplace(make());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> lock(state->mutex);
+    state->result = std::move(result);
+    state->error = error;
+    state->done = true;
+    state->done_cv.notify_all();
+  }).detach();
+  for (;;) {
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(state->mutex);
+      if (state->done_cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return state->done; })) break;
+    }
+    if (python_signal_raised()) throw py::error_already_set();  // what it made, later, goes with `state`
+  }
+  if (state->error) std::rethrow_exception(state->error);
+  return std::move(*state->result);
+}
 
 }  // namespace distribute::python

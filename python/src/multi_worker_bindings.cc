@@ -20,29 +20,34 @@ void bind_multi_worker(py::module_& m) {
       m, "MultiWorkerMirroredStrategy",
       "Replicas on every worker process of an MPI job (mpirun -np N python3 ...), several per worker; without "
       "a launcher, one worker.")
-      .def(
-          py::init([](const py::object& local_devices, const std::optional<CommunicationOptions>& options) {
-            // Every worker makes it: the workers meet (a collective), so
-            // the GIL is let go meanwhile.
-            const CommunicationOptions o = options.value_or(CommunicationOptions{});
-            if (local_devices.is_none() ||
-                (PyIndex_Check(local_devices.ptr()) != 0 && !PyBool_Check(local_devices.ptr()))) {
-              const int replicas = local_devices.is_none()
-                                       ? 1
-                                       : int_argument(local_devices, "MultiWorkerMirroredStrategy: local_devices");
-              py::gil_scoped_release release;
-              return made_here(
-                  std::make_unique<MultiWorkerMirroredStrategy>(replicas, mpi::cluster_from_launcher(), o));
-            }
-            const auto devices =
-                map_gpu_names(device_names_argument(local_devices, "MultiWorkerMirroredStrategy: local_devices"));
-            py::gil_scoped_release release;
-            return with_gpus_as_cpus_hint(devices, [&] {
-              return made_here(std::make_unique<MultiWorkerMirroredStrategy>(devices, mpi::cluster_from_launcher(), o));
-            });
-          }),
-          py::arg("local_devices") = py::none(), py::arg("communication_options") = py::none(),
-          "local_devices: this worker's devices (['CPU:0', 'CPU:1']) or their number; one replica by default.")
+      .def(py::init([](const py::object& local_devices, const py::object& options) {
+             // Every worker makes it: the workers meet (a collective, which
+             // MPI cannot cancel), on a thread of its own, so that Ctrl-C
+             // ends the wait for a worker that never comes.
+             const CommunicationOptions o = options_argument(options);
+             std::optional<std::vector<std::string>> devices;  // none: `replicas` CPUs
+             int replicas = 1;
+             if (!local_devices.is_none() &&
+                 (PyIndex_Check(local_devices.ptr()) != 0 && !PyBool_Check(local_devices.ptr()))) {
+               replicas = int_argument(local_devices, "MultiWorkerMirroredStrategy: local_devices");
+             } else if (!local_devices.is_none()) {
+               devices =
+                   map_gpu_names(device_names_argument(local_devices, "MultiWorkerMirroredStrategy: local_devices"));
+             }
+             using Made = std::unique_ptr<MultiWorkerMirroredStrategy>;
+             return wait_interruptibly<Made>([devices, replicas, o]() -> Made {
+               if (!devices) {
+                 return made_here(
+                     std::make_unique<MultiWorkerMirroredStrategy>(replicas, mpi::cluster_from_launcher(), o));
+               }
+               return with_gpus_as_cpus_hint(*devices, [&] {
+                 return made_here(
+                     std::make_unique<MultiWorkerMirroredStrategy>(*devices, mpi::cluster_from_launcher(), o));
+               });
+             });
+           }),
+           py::arg("local_devices") = py::none(), py::arg("communication_options") = py::none(),
+           "local_devices: this worker's devices (['CPU:0', 'CPU:1']) or their number; one replica by default.")
       .def_property_readonly("worker_rank", &MultiWorkerMirroredStrategy::worker_rank)
       .def_property_readonly("num_workers", &MultiWorkerMirroredStrategy::num_workers);
 }

@@ -675,6 +675,10 @@ void bind_extended(py::module_& m) {
 
 }  // namespace
 
+bool on_python_main_thread() { return PyThread_get_thread_ident() == main_thread_ident(); }
+
+bool python_signal_raised() { return PyErr_CheckSignals() != 0; }
+
 void note_made_here(const Strategy& s) {
   const std::lock_guard<std::mutex> lock(made_in_mutex);
   made_in[&s] = getpid();
