@@ -1,6 +1,7 @@
 """The seed's examples (../shared/seed), run through distribute.compat with
 only the import line changed, against what the seed prints."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -17,7 +18,8 @@ def squash(text):
 
 @pytest.fixture(scope="module")
 def printed():
-    env = {"DISTRIBUTE_GPUS_AS_CPUS": "1", "PYTHONPATH": ":".join(sys.path)}
+    # The environment is kept (under ASan it preloads the sanitizer's runtime).
+    env = dict(os.environ, DISTRIBUTE_GPUS_AS_CPUS="1", PYTHONPATH=":".join(sys.path))
     done = subprocess.run([sys.executable, str(SEED)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
