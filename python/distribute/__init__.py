@@ -243,8 +243,9 @@ def _first_leaf(value):
 
 class _Passes:
     """The passes over a Python iterable: iter(source) for each, where that
-    starts again; a one-shot iterator gives one pass, then it is refused.
-    `peeked` is a first item already taken from the first pass."""
+    starts again; a one-shot iterator (iter() gives the same one each time)
+    gives one pass, then it is refused. `peeked` is a first item already
+    taken from the first pass."""
 
     def __init__(self, source, api, first_iterator=None, peeked=_END):
         self._source = source
@@ -258,27 +259,29 @@ class _Passes:
     def next_pass(self):
         """A function giving the next item of a new pass, or None at its end."""
         self._passes += 1
+        pending = []
         if self._passes == 1:
-            items, pending = self._first, [self._peeked] if self._peeked is not _END else []
-        elif self._one_shot:
-            if self._exhausted:
-                raise ValueError(
-                    f"{self._api}: the source {self._source!r} is a one-shot iterator (a generator or an "
-                    "iterator) that an earlier pass exhausted, so it cannot be iterated again; pass an iterable "
-                    "that can start again (a list, or an object whose __iter__ returns a new iterator) to "
-                    "iterate once per epoch"
-                )
-            items, pending = self._first, []
+            items = self._first
+            if self._peeked is not _END:
+                pending.append(self._peeked)
         else:
-            items, pending = iter(self._source), []
+            items = self._first if self._one_shot else iter(self._source)
+            if items is self._first:  # (also an __iter__ that gives the same iterator each time)
+                self._one_shot = True
+                if self._exhausted:
+                    raise ValueError(
+                        f"{self._api}: the source {self._source!r} is a one-shot iterator (a generator or an "
+                        "iterator) that an earlier pass exhausted, so it cannot be iterated again; pass an "
+                        "iterable that can start again (a list, or an object whose __iter__ returns a new "
+                        "iterator) to iterate once per epoch"
+                    )
 
         def next_item():
             if pending:
                 return pending.pop()
             item = next(items, _END)
             if item is _END:
-                if self._one_shot:
-                    self._exhausted = True
+                self._exhausted = self._exhausted or items is self._first
                 return None
             return item
 

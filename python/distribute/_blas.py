@@ -60,13 +60,19 @@ class limited:
         if not self._on:
             return self
         with _lock:
+            if _active == 0:
+                try:
+                    for lib in _blas_libraries():
+                        own = lib.num_threads
+                        if own > self._threads:
+                            lib.set_num_threads(self._threads)
+                            _restore.append((lib, own))
+                except Exception:  # a library that cannot be asked: it is left as it is, and so are the rest
+                    for lib, own in _restore:
+                        lib.set_num_threads(own)
+                    _restore.clear()
+                    raise
             _active += 1
-            if _active == 1:
-                for lib in _blas_libraries():
-                    own = lib.num_threads
-                    if own > self._threads:
-                        lib.set_num_threads(self._threads)
-                        _restore.append((lib, own))
         return self
 
     def __exit__(self, *exc):

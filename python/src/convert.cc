@@ -167,6 +167,7 @@ py::tuple shape_tuple(const Shape& shape) {
   return out;
 }
 
+// NOLINTNEXTLINE(readability-function-size): tf.constant's dtype rules, one case after another
 Tensor to_tensor(py::handle value, std::optional<DType> dtype) {
   if (py::isinstance<Tensor>(value)) {
     Tensor t = value.cast<Tensor>();

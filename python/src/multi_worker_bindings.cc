@@ -2,6 +2,7 @@
 // by mpirun (built where the MPI backend is, DIST_PYTHON_HAVE_MPI).
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,8 +35,22 @@ void bind_multi_worker(py::module_& m) {
                devices =
                    map_gpu_names(device_names_argument(local_devices, "MultiWorkerMirroredStrategy: local_devices"));
              }
+             // A meeting that Ctrl-C left still waiting owns the workers' link
+             // until it ends: a second one would mix its messages with it.
+             static std::atomic<bool> meeting{false};
+             if (meeting.exchange(true)) {
+               throw FailedPreconditionError(
+                   "MultiWorkerMirroredStrategy: an earlier one, interrupted while it waited for the other "
+                   "workers, is still meeting them; a new one can be made once that meeting has ended");
+             }
              using Made = std::unique_ptr<MultiWorkerMirroredStrategy>;
              return wait_interruptibly<Made>([devices, replicas, o]() -> Made {
+               struct Ended {
+                 Ended() = default;
+                 Ended(const Ended&) = delete;
+                 Ended& operator=(const Ended&) = delete;
+                 ~Ended() { meeting.store(false); }
+               } ended;
                if (!devices) {
                  return made_here(
                      std::make_unique<MultiWorkerMirroredStrategy>(replicas, mpi::cluster_from_launcher(), o));

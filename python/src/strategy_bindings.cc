@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -62,8 +63,12 @@ struct ScopeGuard {
   ScopeGuard& operator=(ScopeGuard&&) = delete;
   ~ScopeGuard() {
     if (!scope || entered_on == std::this_thread::get_id()) return;
-    new StrategyScope(std::move(*scope));  // never destroyed: the entering thread still stands in it
-    owner.release();                       // (a reference kept for good)
+    try {
+      static_cast<void>(new StrategyScope(std::move(*scope)));  // never destroyed: the entering thread stands in it
+      owner.release();                                          // (a reference kept for good)
+    } catch (const std::bad_alloc&) {
+      // (out of memory: the scope ends here after all)
+    }
     scope.reset();
   }
 };
@@ -89,15 +94,18 @@ unsigned long main_thread_ident() {   // NOLINT(google-runtime-int): Python's ty
 // cannot take the GIL to free the state (the thread destroying the strategy
 // may hold it while it joins): it hands the state over, and the next thread
 // that holds the GIL here frees it (free_ended_thread_states).
+// A child of os.fork() has none of the parent's threads, and CPython frees
+// their states in the child: the states are kept with their process, and a
+// child leaves the parent's alone.
 std::mutex ended_states_mutex;
-std::vector<PyThreadState*> ended_states;  // guarded by ended_states_mutex
+std::vector<std::pair<PyThreadState*, pid_t>> ended_states;  // guarded by ended_states_mutex
 
 struct KeptThreadState {
   PyThreadState* state = nullptr;
   ~KeptThreadState() {
     if (state == nullptr) return;
     const std::lock_guard<std::mutex> lock(ended_states_mutex);
-    ended_states.push_back(state);
+    ended_states.emplace_back(state, getpid());
   }
 };
 thread_local KeptThreadState kept_thread_state;
@@ -111,12 +119,14 @@ void keep_thread_state(py::gil_scoped_acquire& gil) {
 
 // With the GIL held: frees the states of replica threads that have ended.
 void free_ended_thread_states() {
-  std::vector<PyThreadState*> ended;
+  std::vector<std::pair<PyThreadState*, pid_t>> ended;
   {
     const std::lock_guard<std::mutex> lock(ended_states_mutex);
     ended.swap(ended_states);
   }
-  for (PyThreadState* state : ended) {
+  const pid_t here = getpid();
+  for (const auto& [state, process] : ended) {
+    if (process != here) continue;  // the parent's, already freed by CPython in this child
     PyThreadState_Clear(state);
     PyThreadState_Delete(state);
   }
@@ -211,13 +221,16 @@ class InFlight {
 // threads' runs) and waits, without the GIL, until they have returned into
 // Python, for at most `seconds`; no run starts after this.
 void end_runs_for_exit(double seconds) {
-  std::unique_lock<std::mutex> lock(in_flight_mutex);
-  exiting = true;
-  if (in_flight.empty()) return;
-  for (Strategy* s : in_flight) s->cancel_run("the Python interpreter is exiting");
-  lock.unlock();
+  {
+    const std::lock_guard<std::mutex> lock(in_flight_mutex);
+    exiting = true;
+    if (in_flight.empty()) return;
+    for (Strategy* s : in_flight) s->cancel_run("the Python interpreter is exiting");
+  }
+  // The mutex is let go before the GIL is taken back (InFlight takes them
+  // in the other order).
   py::gil_scoped_release release;
-  lock.lock();
+  std::unique_lock<std::mutex> lock(in_flight_mutex);
   in_flight_changed.wait_for(lock, std::chrono::duration<double>(seconds), [] { return in_flight.empty(); });
 }
 
@@ -360,6 +373,7 @@ void bind_options(py::module_& m) {
       .def_readonly("implementation", &CommunicationOptions::implementation);
 }
 
+// NOLINTNEXTLINE(readability-function-size): one binding after another, in the order of strategy.h
 void bind_strategies(py::module_& m) {
   py::class_<Strategy>(m, "Strategy", "The base of every strategy; get_strategy() gives the current one.")
       .def_property_readonly("num_replicas_in_sync", &Strategy::num_replicas_in_sync)
@@ -487,6 +501,7 @@ void bind_strategy_kinds(py::module_& m) {
                cpu_set_t set;
                const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
                std::vector<std::string> all;
+               all.reserve(static_cast<std::size_t>(cores));
                for (int i = 0; i < cores; ++i) all.push_back("CPU:" + std::to_string(i));
                return made_here(std::make_unique<MirroredStrategy>(all, o));
              }

@@ -241,3 +241,17 @@ def test_a_gpu_name_without_a_gpu_mentions_gpus_as_cpus(monkeypatch):
     with pytest.raises(ds.errors.InvalidArgumentError) as info:
         ds.MirroredStrategy(["CPU:0", "TPU:0"])  # no GPU named: no hint
     assert "DISTRIBUTE_GPUS_AS_CPUS" not in str(info.value)
+
+
+def test_an_iter_that_gives_the_same_iterator_each_time_is_one_shot(strategy):
+    class SameEveryTime:
+        def __init__(self):
+            self._it = iter([np.zeros(2, dtype=np.float32)] * 2)
+
+        def __iter__(self):
+            return self._it
+
+    dist = strategy.experimental_distribute_dataset(SameEveryTime())
+    assert len(labels_of(dist)) == 2
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        labels_of(dist)

@@ -48,9 +48,17 @@ void find(void* library, const char* name, F& out, std::string& why_not) {
 const CudaRuntime& cuda_runtime() {
   static const CudaRuntime runtime = [] {
     CudaRuntime r;
-    const std::string name = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
-    void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr) library = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
+    // The major version this build was compiled against, only (another's
+    // structures differ): from the toolkit the build used, then wherever
+    // the loader looks (LD_LIBRARY_PATH, ld.so.conf). CUDA 11 names it
+    // libcudart.so.11.0.
+    const std::string major = std::to_string(CUDART_VERSION / 1000);
+    const std::string name = "libcudart.so." + major;
+    void* library = nullptr;
+    for (const std::string& candidate : {std::string(DIST_CUDART_DIR) + "/" + name, name, name + ".0"}) {
+      library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (library != nullptr) break;
+    }
     if (library == nullptr) {
       const char* error = dlerror();
       r.why_not = "the CUDA runtime (" + name + ") could not be loaded: " + (error != nullptr ? error : "not found");
@@ -63,6 +71,12 @@ const CudaRuntime& cuda_runtime() {
     find(library, DIST_NAME_OF(cudaGetErrorName), r.get_error_name, r.why_not);
     find(library, DIST_NAME_OF(cudaGetErrorString), r.get_error_string, r.why_not);
     find(library, DIST_NAME_OF(cudaGetLastError), r.get_last_error, r.why_not);
+    int version = 0;
+    if (r.why_not.empty() &&
+        (r.runtime_get_version(&version) != cudaSuccess || version / 1000 != CUDART_VERSION / 1000)) {
+      r.why_not = "the CUDA runtime loaded is version " + std::to_string(version) + ", not " + major +
+                  ".x as this build of distribute";
+    }
     return r;
   }();
   return runtime;

@@ -13,7 +13,9 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 echo "installed: $(cd "$work/prefix" && find . -type f | sort | tr '\n' ' ')"
 # The installed libraries carry no debug info (DIST_INSTALL_DEBUG_INFO=OFF).
-for lib in "$work"/prefix/lib/libdistribute*.a "$work"/prefix/lib/libdistribute*.so; do
+libdir=$(dirname "$(find "$work/prefix" -name 'libdistribute.a' -o -name 'libdistribute.so' | head -1)")
+[ -d "$libdir" ] && [ "$libdir" != . ] || { echo "FAIL: no libdistribute installed"; exit 1; }
+for lib in "$libdir"/libdistribute*.a "$libdir"/libdistribute*.so; do
   [ -e "$lib" ] || continue
   if readelf -S "$lib" | grep -q '\.debug_info'; then echo "FAIL: $lib carries debug info"; exit 1; fi
   echo "installed $(basename "$lib"): $(stat -c %s "$lib") bytes, no debug info"
@@ -30,7 +32,7 @@ if ldd "$work/build/consumer" | grep -q 'libcudart\|libmpi'; then
 fi
 echo "consume.sh: the CPU-only consumer ($(stat -c %s "$work/build/consumer") bytes) needs neither libcudart nor MPI"
 # The mpi component, where this build has it.
-if [ -e "$work/prefix/lib/libdistribute_mpi.a" ] || [ -e "$work/prefix/lib/libdistribute_mpi.so" ]; then
+if [ -e "$libdir/libdistribute_mpi.a" ] || [ -e "$libdir/libdistribute_mpi.so" ]; then
   cmake -S "$src/tests/install/consumer" -B "$work/build_mpi" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
     -DCMAKE_BUILD_TYPE=Release -DCONSUMER_MPI=ON >/dev/null
   cmake --build "$work/build_mpi" >/dev/null
