@@ -255,3 +255,89 @@ def test_an_iter_that_gives_the_same_iterator_each_time_is_one_shot(strategy):
     assert len(labels_of(dist)) == 2
     with pytest.raises(ValueError, match="one-shot iterator"):
         labels_of(dist)
+
+
+# --- 6. optimizers as TensorFlow's ------------------------------------------
+
+
+def train_one_variable(strategy, optimizer, steps, grad=1.0):
+    with strategy.scope():
+        w = ds.Variable(0.0, name="w")
+    for _ in range(steps):
+        strategy.run(lambda: optimizer.apply_gradients([(grad / strategy.num_replicas_in_sync, w)]))
+    return float(w.read_value())
+
+
+def test_learning_rate_is_a_number_or_a_schedule_readable_and_settable(strategy):
+    sgd = ds.SGD(learning_rate=0.5)
+    assert sgd.learning_rate == 0.5
+    sgd.learning_rate = 0.25
+    assert sgd.learning_rate == 0.25 and sgd.current_learning_rate == 0.25
+    assert train_one_variable(strategy, sgd, 2) == -0.5
+    schedule = ds.PiecewiseConstantDecay([0], [0.5, 0.125])
+    sgd.learning_rate = schedule
+    assert isinstance(sgd.learning_rate, ds.LearningRateSchedule)
+    assert sgd.current_learning_rate == 0.125  # iterations is 2: past the boundary
+    decay = ds.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    assert decay(10) == pytest.approx(0.05) and "ExponentialDecay(" in repr(decay)
+    assert ds.CosineDecay(1.0, 100, alpha=0.1)(100) == pytest.approx(0.1)
+    with pytest.raises(TypeError, match="learning_rate must be a number or a schedule"):
+        sgd.learning_rate = "fast"
+    with pytest.raises(ds.errors.InvalidArgumentError, match="decay_steps must be > 0"):
+        ds.ExponentialDecay(0.1, 0, 0.5)
+
+
+def test_a_python_callable_is_a_schedule_evaluated_at_iterations(strategy):
+    seen = []
+
+    def schedule(step):
+        seen.append(step)
+        return 1.0 if step == 0 else 0.5
+
+    sgd = ds.SGD(learning_rate=schedule)
+    assert sgd.learning_rate is schedule
+    assert train_one_variable(strategy, sgd, 3) == -(1.0 + 0.5 + 0.5)
+    assert seen == [0, 1, 2]  # once per step, not per replica
+    sgd.learning_rate = lambda step: float("nan")
+    with pytest.raises(ds.errors.InvalidArgumentError, match="at step 3 is nan"):
+        train_one_variable(strategy, sgd, 1)
+    assert sgd.iterations == 3  # the failed step is not counted
+
+
+def adam_first_update(step, lr=0.1, g=1.0, b1=0.9, b2=0.999, eps=1e-7):
+    """w after one Adam update from w = 0 and zero slots, taken as step `step` (Keras' formulas, float32)."""
+    f = np.float32
+    alpha = f(lr * np.sqrt(1 - b2**step) / (1 - b1**step))
+    m = (f(g) - f(0)) * (f(1) - f(b1))
+    v = (f(g) * f(g) - f(0)) * (f(1) - f(b2))
+    return float(f(0) - alpha * m / (np.sqrt(v) + f(eps)))
+
+
+def test_setting_iterations_continues_adams_bias_correction(strategy):
+    # A fresh optimizer told it has taken two steps (as a restore does):
+    # its next update uses step 3's bias correction, not step 1's.
+    adam = ds.Adam(learning_rate=0.1)
+    adam.iterations = 2
+    assert adam.iterations == 2
+    assert train_one_variable(strategy, adam, 1) == pytest.approx(adam_first_update(3), rel=1e-6)
+    assert adam.iterations == 3
+    assert train_one_variable(strategy, ds.Adam(learning_rate=0.1), 1) == pytest.approx(adam_first_update(1), rel=1e-6)
+    assert adam_first_update(3) != pytest.approx(adam_first_update(1), rel=1e-3)
+    with pytest.raises(TypeError, match="iterations must be an int"):
+        adam.iterations = 1.5
+    with pytest.raises(ds.errors.InvalidArgumentError, match="iterations must be >= 0"):
+        adam.iterations = -1
+
+
+def test_a_none_gradient_is_skipped_with_a_warning(strategy, capfd):
+    with strategy.scope():
+        w = ds.Variable(1.0, name="w")
+        frozen = ds.Variable(1.0, name="frozen")
+    sgd = ds.SGD(learning_rate=0.5)
+    for _ in range(2):
+        strategy.run(lambda: sgd.apply_gradients([(0.5, w), (None, frozen)]))
+    assert float(w.read_value()) == 0.0 and float(frozen.read_value()) == 1.0
+    err = capfd.readouterr().err
+    assert err.count("gradients do not exist for variables ['frozen']") == 1, err
+    with pytest.raises(ValueError, match=r"No gradients provided for any variable: \('w', 'frozen'\)"):
+        strategy.run(lambda: sgd.apply_gradients([(None, w), (None, frozen)]))
