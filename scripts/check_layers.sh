@@ -23,7 +23,7 @@ public_layer() {
     # include/distribute/internal/: what the public headers' templates need
     # and users do not call, each in the layer of the header that includes it.
     internal/tensor | internal/nest_format) echo 0 ;;
-    internal/run_on_replicas | internal/access | internal/merge_types) echo 2 ;;
+    internal/run_on_replicas | internal/access | internal/merge_types | internal/exception_text) echo 2 ;;
     internal/variable_update) echo 3 ;;
     distribute) echo 4 ;;  # the umbrella header
     *) echo unknown ;;
