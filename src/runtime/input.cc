@@ -281,8 +281,10 @@ class PipelineSource final : public internal::DatasetSource {
 }  // namespace
 
 std::optional<PerReplica<Nest<Tensor>>> DistributedDataset::get_next() {
-  begun_ = true;
+  // The source checks the context first: a call made (wrongly) by every
+  // replica inside run raises there, before this dataset's state is touched.
   auto batch = source_->next();
+  begun_ = true;
   ended_ = !batch;
   return batch;
 }
