@@ -306,6 +306,10 @@ py::object python_of(const Nest<T>& nest, const Leaf& leaf) {
 }  // namespace
 
 bool holds_indexed_slices(py::handle value) {
+  // A lone value (a collective's common case) costs no walk.
+  if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value) && !py::isinstance<py::dict>(value)) {
+    return py::isinstance<IndexedSlices>(value);
+  }
   // Without recursion: a self-containing list must not exhaust the stack
   // before nest_of's depth check refuses it.
   std::vector<std::pair<py::object, std::size_t>> pending{{py::reinterpret_borrow<py::object>(value), 1}};
