@@ -13,7 +13,7 @@ packages=(
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   clang libclang-rt-14-dev clang-format clang-tidy
   python3-dev pybind11-dev python3-numpy python3-pytest python3-pytest-timeout
-  python3-threadpoolctl nlohmann-json3-dev
+  python3-threadpoolctl nlohmann-json3-dev python3-crc32c
 )
 # `setup.sh --bench` adds what bench/ compares against: Debian's PyTorch
 # (it runs on the OpenBLAS installed above).

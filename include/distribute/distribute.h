@@ -14,6 +14,7 @@
 //   std::cout << result << "\n";   // PerReplica:{ 0: ..., 1: ... }
 #pragma once
 
+#include "distribute/checkpoint.h"
 #include "distribute/context.h"
 #include "distribute/devices.h"
 #include "distribute/distributed_values.h"

@@ -31,6 +31,7 @@ enum class ErrorCode {
   kInternal,
   kUnavailable,
   kResourceExhausted,
+  kDataLoss,
 };
 
 std::string_view to_string(ErrorCode code);
@@ -77,6 +78,8 @@ DISTRIBUTE_DEFINE_ERROR(CancelledError, kCancelled);
 DISTRIBUTE_DEFINE_ERROR(NotFoundError, kNotFound);
 // Memory (or another resource: threads) ran out; the message names what was asked for.
 DISTRIBUTE_DEFINE_ERROR(ResourceExhaustedError, kResourceExhausted);
+// Stored bytes are lost or corrupted (a checkpoint's CRC, size or header); the message names the file.
+DISTRIBUTE_DEFINE_ERROR(DataLossError, kDataLoss);
 
 #undef DISTRIBUTE_DEFINE_ERROR
 

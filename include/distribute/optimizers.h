@@ -48,6 +48,10 @@
 
 namespace distribute {
 
+namespace internal {
+struct CheckpointAccess;  // checkpoint.cc: saves and restores the slots and iterations
+}
+
 // A learning rate as a function of the step (the optimizer's iterations
 // before the update), as keras.optimizers.schedules.LearningRateSchedule.
 class LearningRateSchedule {
@@ -196,6 +200,7 @@ class Optimizer {
                            double learning_rate) const = 0;
 
  private:
+  friend struct internal::CheckpointAccess;
   struct Slots {
     Variable var;
     std::vector<Variable> slots;

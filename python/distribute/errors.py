@@ -32,6 +32,7 @@ OutOfRangeError = _error("OutOfRangeError", 11, "An index or an input ran out of
 UnimplementedError = _error("UnimplementedError", 12, "Not supported (yet), and said so.")
 InternalError = _error("InternalError", 13, "A bug in distribute, or in a library beneath it.")
 UnavailableError = _error("UnavailableError", 14, "A peer (a worker, a device) is not reachable.")
+DataLossError = _error("DataLossError", 15, "Stored bytes are lost or corrupted (a checkpoint's CRC, size or header).")
 
 __all__ = [
     "OpError",
@@ -46,4 +47,5 @@ __all__ = [
     "UnimplementedError",
     "InternalError",
     "UnavailableError",
+    "DataLossError",
 ]

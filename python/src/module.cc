@@ -51,7 +51,7 @@ void bind_errors(py::module_& m) {
   });
   m.def("_error_code_names", [] {
     py::list names;
-    for (int c = 0; c <= static_cast<int>(ErrorCode::kResourceExhausted); ++c) {
+    for (int c = 0; c <= static_cast<int>(ErrorCode::kDataLoss); ++c) {
       names.append(std::string(to_string(static_cast<ErrorCode>(c))));
     }
     return names;

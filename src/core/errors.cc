@@ -15,6 +15,7 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::kInternal: return "InternalError";
     case ErrorCode::kUnavailable: return "UnavailableError";
     case ErrorCode::kResourceExhausted: return "ResourceExhaustedError";
+    case ErrorCode::kDataLoss: return "DataLossError";
   }
   return "Error";
 }
@@ -35,6 +36,7 @@ void throw_error(ErrorCode code, const std::string& message) {
     case ErrorCode::kInternal: throw InternalError(message);
     case ErrorCode::kUnavailable: throw UnavailableError(message);
     case ErrorCode::kResourceExhausted: throw ResourceExhaustedError(message);
+    case ErrorCode::kDataLoss: throw DataLossError(message);
   }
   throw InternalError(message);
 }

@@ -123,4 +123,10 @@ std::vector<std::string> exchange_across_workers(Strategy& s, std::string payloa
   return all;
 }
 
+WorkerPlace worker_place(Strategy& s) {
+  const StrategyState& st = Access::state(s);
+  if (st.workers == nullptr) return {};
+  return {st.workers->rank(), st.workers->size()};
+}
+
 }  // namespace distribute::internal

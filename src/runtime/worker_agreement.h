@@ -26,4 +26,12 @@ void broadcast_from_first_worker(Strategy& s, Tensor& value, std::string_view ap
 std::vector<std::string> exchange_across_workers(Strategy& s, std::string payload, std::string_view api,
                                                  const Error* local_error = nullptr);
 
+// This process's place among the strategy's workers: {0, 1} for a strategy
+// of one worker.
+struct WorkerPlace {
+  int rank = 0;
+  int count = 1;
+};
+WorkerPlace worker_place(Strategy& s);
+
 }  // namespace distribute::internal

@@ -65,7 +65,7 @@ TEST(ErrorsTest, ThrowErrorMapsEveryCode) {
   for (ErrorCode code :
        {ErrorCode::kCancelled, ErrorCode::kInvalidArgument, ErrorCode::kDeadlineExceeded, ErrorCode::kNotFound,
         ErrorCode::kFailedPrecondition, ErrorCode::kAborted, ErrorCode::kOutOfRange, ErrorCode::kUnimplemented,
-        ErrorCode::kInternal, ErrorCode::kUnavailable, ErrorCode::kResourceExhausted}) {
+        ErrorCode::kInternal, ErrorCode::kUnavailable, ErrorCode::kResourceExhausted, ErrorCode::kDataLoss}) {
     try {
       throw_error(code, "m");
     } catch (const Error& e) {
