@@ -155,14 +155,15 @@ class Checkpoint {
  public:
   // tf.train.Checkpoint(**kwargs): `objects` by name. A name is a path of
   // '/'-separated parts ("model/dense/kernel"), each an edge of TF's object
-  // graph; names must be distinct and no one a prefix path of another.
+  // graph; names must be distinct.
   Checkpoint();
   Checkpoint(std::initializer_list<std::pair<std::string, Trackable>> objects);
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
   Checkpoint& operator=(const Checkpoint&) = delete;
 
-  // ckpt.name = object. If a restore is pending, the values saved for it
+  // ckpt.name = object (a name tracked already then names this object). If
+  // a restore is pending, the values saved for it
   // (and, for an optimizer or a variable, the slots of the pair) are
   // restored now: TF's restore-on-create.
   Checkpoint& track(const std::string& name, Trackable object);

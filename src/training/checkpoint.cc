@@ -353,6 +353,11 @@ Checkpoint::Checkpoint(std::initializer_list<std::pair<std::string, Trackable>> 
   std::vector<const std::pair<std::string, Trackable>*> sorted;
   for (const auto& o : objects) sorted.push_back(&o);
   std::sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i]->first == sorted[i - 1]->first) {
+      throw InvalidArgumentError("Checkpoint: two objects are named '" + sorted[i]->first + "'");
+    }
+  }
   for (const auto* o : sorted) track(o->first, o->second);
 }
 
@@ -378,12 +383,14 @@ Checkpoint& Checkpoint::track(const std::string& name, Trackable object) {
   if (path == "save_counter") {
     throw InvalidArgumentError("Checkpoint: the name 'save_counter' is the checkpoint's own counter");
   }
-  for (const State::Object& o : state_->objects) {
-    if (o.name == name) {
-      throw InvalidArgumentError("Checkpoint: an object is already tracked as '" + name + "'");
-    }
+  // As TF's `ckpt.name = object`: a name tracked already now names this object.
+  const auto same = std::find_if(state_->objects.begin(), state_->objects.end(),
+                                 [&](const State::Object& o) { return o.name == name; });
+  if (same != state_->objects.end()) {
+    same->object = std::move(object);
+  } else {
+    state_->objects.push_back({name, path, std::move(object)});
   }
-  state_->objects.push_back({name, path, std::move(object)});
   if (!state_->restores.empty()) {
     require_cross_replica("track");
     state_->resolve();

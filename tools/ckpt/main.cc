@@ -80,10 +80,12 @@ int list(const std::string& dir) {
     if (name.size() > suffix.size() && name.ends_with(suffix))
       names.push_back(name.substr(0, name.size() - suffix.size()));
   }
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
-    const std::string prefix = (std::filesystem::path(dir) / name).string();
-    const train::CheckpointReader reader(prefix);
+  std::vector<train::CheckpointReader> readers;
+  for (const std::string& name : names) readers.emplace_back((std::filesystem::path(dir) / name).string());
+  std::sort(readers.begin(), readers.end(),
+            [](const auto& x, const auto& y) { return x.save_counter() < y.save_counter(); });
+  for (const train::CheckpointReader& reader : readers) {
+    const std::string& prefix = reader.prefix();
     std::uint64_t bytes = 0;
     for (const auto& e : reader.entries()) bytes += e.size;
     std::printf("%s  save_counter %" PRId64 "%s  %zu tensors  %s bytes%s\n", prefix.c_str(), reader.save_counter(),

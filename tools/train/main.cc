@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -21,6 +22,7 @@
 
 #include "agree.h"
 #include "blas.h"
+#include "core/crc32c.h"
 #include "core/host_cpus.h"
 #include "flags.h"
 #include "output.h"
@@ -47,6 +49,11 @@ constexpr const char* kUsage = R"(usage: distribute-train [options]
   --data DIR           Fashion-MNIST IDX files (default: /usr/share/datasets/fashion-mnist)
   --metrics FILE       write the per-epoch metrics as JSON
   --plot FILE          draw the learning curves as an SVG picture
+  --checkpoint-dir DIR save checkpoints there (after each epoch), and go on from
+                       the latest one found there: epoch, step, data order,
+                       optimizer state, metrics and learning curve
+  --checkpoint-every N also save every N steps (0: only after each epoch)
+  --keep N             checkpoints kept in --checkpoint-dir          (default: 3)
   --blas-threads N     OpenBLAS threads per GEMM, or auto: the usable cores
                        divided among the local replicas, at least 1   (default: auto)
   --blas-core NAME     OpenBLAS kernels: auto (the widest the CPU runs, where
@@ -66,6 +73,9 @@ struct Args {
   std::string plot;
   int blas_threads = 0;  // auto
   std::string blas_core = "auto";
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int keep = 3;
 };
 
 using tools::parse_int;
@@ -112,6 +122,13 @@ Args parse(int argc, char** argv) {
       a.metrics = value;
     } else if (flag == "--plot") {
       a.plot = value;
+    } else if (flag == "--checkpoint-dir") {
+      if (value.empty()) throw UsageError("--checkpoint-dir needs a directory");
+      a.checkpoint_dir = value;
+    } else if (flag == "--checkpoint-every") {
+      a.checkpoint_every = parse_int(flag, value, 0);
+    } else if (flag == "--keep") {
+      a.keep = parse_int32(flag, value, 1);
     } else if (flag == "--blas-threads") {
       a.blas_threads = value == "auto" ? 0 : parse_int32(flag, value, 1, 1024);
     } else if (flag == "--blas-core") {
@@ -121,6 +138,9 @@ Args parse(int argc, char** argv) {
     } else {
       throw UsageError("unknown flag: " + flag);
     }
+  }
+  if (a.checkpoint_dir.empty() && a.checkpoint_every > 0) {
+    throw UsageError("--checkpoint-every needs --checkpoint-dir");
   }
   if ((a.strategy == "default" || a.strategy == "one_device") && a.replicas > 1) {
     throw UsageError("--strategy " + a.strategy + " has exactly one replica; --replicas " + std::to_string(a.replicas) +
@@ -193,7 +213,7 @@ void write_metrics(const std::string& path, const Args& a, const Strategy& s, co
     out << "    {\"epoch\": " << e.epoch << ", \"train_loss\": " << json_number(e.train.train_loss, 6)
         << ", \"test_loss\": " << json_number(e.test.loss, 6)
         << ", \"test_accuracy\": " << json_number(e.test.accuracy, 4)
-        << ", \"train_samples_per_second\": " << fixed(static_cast<double>(e.train.rows) / e.train.seconds, 1)
+        << ", \"train_samples_per_second\": " << fixed(samples_per_second(e.train), 1)
         << ", \"train_seconds\": " << fixed(e.train.seconds, 3) << ", \"steps\": " << e.train.steps
         << ", \"step_fraction\": {\"merge_call\": " << fraction(e.train.optimizer.merge_call_seconds, e.train)
         << ", \"all_reduce\": " << fraction(e.train.optimizer.all_reduce_seconds, e.train)
@@ -317,6 +337,8 @@ void agree_on_training(Strategy& s, const Args& a, const FashionMnist& data) {
                             {"--optimizer", a.config.optimizer},
                             {"--learning-rate", fixed(a.config.learning_rate, 9)},
                             {"--seed", std::to_string(a.config.seed)},
+                            {"--checkpoint-dir", a.checkpoint_dir},
+                            {"--checkpoint-every", std::to_string(a.checkpoint_every)},
                             {"training data (images, CRC-32)", data_digest(data.train)},
                             {"test data (images, CRC-32)", data_digest(data.test)}});
 }
@@ -325,12 +347,82 @@ void agree_on_training(Strategy& s, const Args& a, const FashionMnist& data) {
 void print_epoch(const Args& a, int epoch, const EpochStats& train, const EvalStats& test) {
   std::cout << "epoch " << epoch << "/" << a.epochs << ": train loss " << fixed(train.train_loss, 4) << ", test loss "
             << fixed(test.loss, 4) << ", test accuracy " << fixed(test.accuracy, 4) << ", "
-            << grouped(static_cast<double>(train.rows) / train.seconds) << " samples/s (" << fixed(train.seconds, 2)
-            << " s, " << train.steps << " steps)\n";
+            << grouped(samples_per_second(train)) << " samples/s (" << fixed(train.seconds, 2) << " s, " << train.steps
+            << " steps)\n";
   const double step = std::max(train.replica_step_seconds, 1e-9);
   std::cout << "  replica 0's step time: merge_call " << fixed(100 * train.optimizer.merge_call_seconds / step, 1)
             << "%, all_reduce " << fixed(100 * train.optimizer.all_reduce_seconds / step, 1) << "%, update "
             << fixed(100 * train.optimizer.update_seconds / step, 1) << "%\n";
+}
+
+// What a checkpoint of distribute-train holds besides the trainer's own
+// variables: where the run is, the settings it must go on with, and the
+// learning curve so far (one row per finished epoch).
+struct RunState {
+  Variable epochs_done{constant(std::int64_t{0}), {.name = "epochs_done"}};
+  Variable steps_in_epoch{constant(std::int64_t{0}), {.name = "steps_in_epoch"}};
+  Variable rows_in_epoch{constant(std::int64_t{0}), {.name = "rows_in_epoch"}};
+  // --seed, --global-batch and --optimizer (0 adam, 1 sgd): the data order
+  // and the update rule a resumed run must keep.
+  Variable settings;
+  std::optional<Variable> history;
+
+  explicit RunState(const Args& a)
+      : settings(constant(std::vector<std::int64_t>{static_cast<std::int64_t>(a.config.seed), a.config.global_batch,
+                                                    a.config.optimizer == "sgd" ? 1 : 0},
+                          Shape{3}),
+                 {.name = "settings"}) {}
+  void track(Checkpoint& c) {
+    c.track("train/epochs_done", epochs_done);
+    c.track("train/steps_in_epoch", steps_in_epoch);
+    c.track("train/rows_in_epoch", rows_in_epoch);
+  }
+};
+
+constexpr int kHistoryColumns = 11;
+
+Tensor encode_history(const std::vector<EpochRecord>& records) {
+  std::vector<double> v;
+  for (const EpochRecord& r : records) {
+    v.insert(v.end(), {static_cast<double>(r.epoch), r.train.train_loss, static_cast<double>(r.train.rows),
+                       static_cast<double>(r.train.steps), r.train.seconds, r.train.replica_step_seconds,
+                       r.train.optimizer.merge_call_seconds, r.train.optimizer.all_reduce_seconds,
+                       r.train.optimizer.update_seconds, r.test.loss, r.test.accuracy});
+  }
+  return constant(v, Shape{static_cast<std::int64_t>(records.size()), kHistoryColumns});
+}
+
+std::vector<EpochRecord> decode_history(const Tensor& t) {
+  if (t.rank() != 2 || t.shape()[1] != kHistoryColumns || t.dtype() != DType::kFloat64) {
+    throw InvalidArgumentError("the checkpoint's learning curve 'train/history' is " +
+                               std::string(to_string(t.dtype())) + t.shape().to_string() + ", not float64(n, " +
+                               std::to_string(kHistoryColumns) + ")");
+  }
+  std::vector<EpochRecord> out;
+  const auto v = t.flat<double>();
+  for (std::int64_t i = 0; i < t.shape()[0]; ++i) {
+    const double* r = v.data() + i * kHistoryColumns;
+    EpochRecord e{};
+    e.epoch = static_cast<int>(r[0]);
+    e.train.train_loss = r[1];
+    e.train.rows = static_cast<std::int64_t>(r[2]);
+    e.train.steps = static_cast<std::int64_t>(r[3]);
+    e.train.seconds = r[4];
+    e.train.replica_step_seconds = r[5];
+    e.train.optimizer = {r[6], r[7], r[8]};
+    e.test = {r[9], r[10]};
+    out.push_back(e);
+  }
+  return out;
+}
+
+// The CRC32C of every parameter's bytes: equal digests, bit-identical models.
+std::string parameters_digest(const Trainer& trainer) {
+  std::uint32_t crc = 0;
+  for (const Tensor& t : trainer.parameters()) crc = internal::crc32c_extend(crc, t.raw_data(), t.nbytes());
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return hex;
 }
 
 int run(const Args& a) {
@@ -368,9 +460,51 @@ int run(const Args& a) {
               << data.train.size() << " training and " << data.test.size() << " test images; " << blas_description()
               << "; " << internal::describe_host_cpus() << "\n";
   }
-  const bool bar = chief && isatty(STDERR_FILENO);
+  // --checkpoint-dir: every worker saves (each its share of the tensors) and
+  // restores; a run goes on from the latest checkpoint found there.
+  RunState state(a);
+  std::optional<Checkpoint> checkpoint;
+  std::optional<CheckpointManager> manager;
   std::vector<EpochRecord> records;
-  for (int epoch = 1; epoch <= a.epochs; ++epoch) {
+  if (!a.checkpoint_dir.empty()) {
+    checkpoint.emplace();
+    trainer.track(*checkpoint);
+    state.track(*checkpoint);
+    manager.emplace(*checkpoint, a.checkpoint_dir, a.keep);
+    if (const auto latest = manager->latest_checkpoint()) {
+      const auto settings = CheckpointReader(*latest).get_tensor("train/settings/.ATTRIBUTES/VARIABLE_VALUE");
+      if (!(settings == state.settings.read_value())) {
+        const auto v = settings.flat<std::int64_t>();
+        throw InvalidArgumentError("the checkpoint " + *latest + " was written with " +
+                                   (v.size() == 3
+                                        ? "--seed " + std::to_string(v[0]) + " --global-batch " + std::to_string(v[1]) +
+                                              " --optimizer " + (v[2] == 1 ? "sgd" : "adam")
+                                        : std::string("other settings")) +
+                                   ": a run that goes on from it must keep them (or use another --checkpoint-dir)");
+      }
+      checkpoint->track("train/settings", state.settings);
+      // Every variable of this model must find its value there.
+      checkpoint->restore(*latest).assert_existing_objects_matched();
+      if (auto history = checkpoint->initial_value("train/history")) records = decode_history(*history);
+      if (chief) {
+        std::cout << "distribute-train: restored " << *latest << ": "
+                  << state.epochs_done.read_value().scalar<std::int64_t>() << " epochs done, "
+                  << state.steps_in_epoch.read_value().scalar<std::int64_t>() << " steps into the next; "
+                  << trainer.optimizer().iterations() << " steps in all\n";
+      }
+    } else {
+      checkpoint->track("train/settings", state.settings);
+    }
+  }
+  auto save = [&] {
+    if (!manager) return;
+    state.history.emplace(encode_history(records), VariableOptions{.name = "history"});
+    checkpoint->track("train/history", *state.history);
+    manager->save();
+  };
+  const bool bar = chief && isatty(STDERR_FILENO);
+  const int first_epoch = static_cast<int>(state.epochs_done.read_value().scalar<std::int64_t>()) + 1;
+  for (int epoch = first_epoch; epoch <= a.epochs; ++epoch) {
     auto progress = [&](const Progress& p) {
       if (!bar) return;
       const int width = 30;
@@ -381,17 +515,36 @@ int run(const Args& a) {
                    static_cast<int>(100 * p.step / p.steps), p.loss, grouped(p.samples_per_second).c_str());
       std::fflush(stderr);
     };
-    EpochStats train = trainer.train_epoch(data.train, epoch, a.steps_per_epoch, progress);
+    auto after_step = [&](std::int64_t steps, std::int64_t rows) {
+      if (a.checkpoint_every == 0 || trainer.optimizer().iterations() % a.checkpoint_every != 0) return;
+      state.steps_in_epoch.assign(constant(steps));
+      state.rows_in_epoch.assign(constant(rows));
+      save();
+    };
+    const bool resumed = epoch == first_epoch;
+    EpochStats train =
+        trainer.train_epoch(data.train, epoch, a.steps_per_epoch, progress,
+                            resumed ? state.steps_in_epoch.read_value().scalar<std::int64_t>() : 0,
+                            resumed ? state.rows_in_epoch.read_value().scalar<std::int64_t>() : 0, after_step);
     if (bar) std::fprintf(stderr, "\r%*s\r", 100, "");
     EvalStats test = trainer.evaluate(data.test);
     records.push_back({epoch, train, test});
     if (chief) print_epoch(a, epoch, train, test);
+    state.epochs_done.assign(constant(std::int64_t{epoch}));
+    state.steps_in_epoch.assign(constant(std::int64_t{0}));
+    state.rows_in_epoch.assign(constant(std::int64_t{0}));
+    save();
+  }
+  if (records.empty()) {
+    // Every epoch was done before (a finished run's checkpoint): the model as it was left.
+    records.push_back({a.epochs, EpochStats{}, trainer.evaluate(data.test)});
   }
   const int diverged = diverged_at(records);
   if (chief) {
     if (!a.metrics.empty()) write_metrics(a.metrics, a, *s, records);
     if (!a.plot.empty()) write_plot(a.plot, *s, records);
     std::cout << "test accuracy " << fixed(records.back().test.accuracy, 4) << "\n";
+    std::cout << "parameters CRC32C " << parameters_digest(trainer) << "\n";
     if (diverged) {
       std::cerr << "distribute-train: the training diverged: the loss is not finite from epoch " << diverged
                 << " on (a smaller --learning-rate may help)\n";

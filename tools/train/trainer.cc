@@ -66,16 +66,31 @@ Trainer::Trainer(Strategy& s, TrainConfig config)
   workspaces_.resize(static_cast<std::size_t>(s.num_local_replicas()));
 }
 
+void Trainer::track(Checkpoint& checkpoint) {
+  for (const Variable& v : model_->variables()) checkpoint.track("model/" + v.name(), v);
+  checkpoint.track("optimizer", *optimizer_);
+  checkpoint.track("metrics/loss_sum", *loss_sum_);
+}
+
 EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t max_steps,
-                                const std::function<void(const Progress&)>& progress) {
+                                const std::function<void(const Progress&)>& progress, std::int64_t first_step,
+                                std::int64_t rows_before,
+                                const std::function<void(std::int64_t, std::int64_t)>& after_step) {
   auto global_rows = std::make_shared<std::int64_t>(0);
-  DistributedDataset dataset = strategy_->experimental_distribute_dataset(
-      index_batches(shuffled(train.size(), config_.seed + static_cast<std::uint64_t>(epoch)), config_.global_batch,
-                    global_rows),
+  std::vector<std::int64_t> order = shuffled(train.size(), config_.seed + static_cast<std::uint64_t>(epoch));
+  // A resumed epoch goes on where the checkpoint stopped: the same order, less the rows taken.
+  const auto taken = static_cast<std::size_t>(
+      std::min<std::int64_t>(first_step, (train.size() + config_.global_batch - 1) / config_.global_batch) *
       config_.global_batch);
-  loss_sum_->assign(constant(0.0));
+  order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(std::min(taken, order.size())));
+  DistributedDataset dataset = strategy_->experimental_distribute_dataset(
+      index_batches(std::move(order), config_.global_batch, global_rows), config_.global_batch);
+  if (first_step == 0) loss_sum_->assign(constant(0.0));
   optimizer_->reset_timings();
   EpochStats stats;
+  stats.rows = rows_before;
+  stats.rows_before = rows_before;
+  stats.steps = first_step;
   // (Rounded up without adding: a batch near 2^63 would wrap to no step.)
   const std::int64_t steps_in_epoch =
       train.size() / config_.global_batch + (train.size() % config_.global_batch != 0 ? 1 : 0);
@@ -84,7 +99,7 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
   std::int64_t local_rows = 0;
   const auto start = Clock::now();
   auto last_report = start;
-  for (std::int64_t step = 0; step < steps; ++step) {
+  for (std::int64_t step = first_step; step < steps; ++step) {
     auto batch = dataset.get_next();
     if (!batch) break;
     const double divisor = static_cast<double>(*global_rows);
@@ -108,11 +123,12 @@ EpochStats Trainer::train_epoch(const Examples& train, int epoch, std::int64_t m
     }
     stats.rows += *global_rows;
     ++stats.steps;
+    if (after_step) after_step(stats.steps, stats.rows);
     if (progress && (seconds_since(last_report) > 0.2 || step + 1 == steps)) {
       last_report = Clock::now();
       const double elapsed = seconds_since(start);
       progress(Progress{epoch, step + 1, steps, local_rows ? local_loss / static_cast<double>(local_rows) : 0,
-                        elapsed > 0 ? static_cast<double>(stats.rows) / elapsed : 0});
+                        elapsed > 0 ? static_cast<double>(stats.rows - rows_before) / elapsed : 0});
     }
   }
   stats.seconds = seconds_since(start);

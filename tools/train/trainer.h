@@ -31,10 +31,16 @@ struct EpochStats {
   double train_loss = 0;  // mean over the epoch's rows
   std::int64_t rows = 0;
   std::int64_t steps = 0;
-  double seconds = 0;               // the steps only
+  std::int64_t rows_before = 0;     // of `rows`, those a checkpoint had taken (a resumed epoch)
+  double seconds = 0;               // the steps only (of this run)
   double replica_step_seconds = 0;  // replica 0's time in its step functions
   Optimizer::Timings optimizer;     // replica 0's time in apply_gradients, by phase
 };
+
+// Rows per second of the steps this run took.
+inline double samples_per_second(const EpochStats& e) {
+  return e.seconds > 0 ? static_cast<double>(e.rows - e.rows_before) / e.seconds : 0;
+}
 
 struct EvalStats {
   double loss = 0;
@@ -57,10 +63,20 @@ class Trainer {
 
   // One pass over `train`, shuffled from seed + epoch (every worker the same
   // order), in global batches; stops after max_steps steps if > 0.
+  // A resumed epoch starts at `first_step` (the steps a checkpoint took
+  // already, `rows_before` rows; the running loss sum is the checkpoint's).
+  // after_step(steps done, rows done) is called after each step, in the
+  // cross-replica context (where a checkpoint is saved).
   EpochStats train_epoch(const Examples& train, int epoch, std::int64_t max_steps = 0,
-                         const std::function<void(const Progress&)>& progress = {});
+                         const std::function<void(const Progress&)>& progress = {}, std::int64_t first_step = 0,
+                         std::int64_t rows_before = 0,
+                         const std::function<void(std::int64_t, std::int64_t)>& after_step = {});
   // Loss and accuracy over `test`, split across every replica.
   EvalStats evaluate(const Examples& test);
+
+  // Tracks what a resumed run needs in `checkpoint`: "model/dense_k/kernel"
+  // and ".../bias", "optimizer", and the epoch's running loss "metrics/loss_sum".
+  void track(Checkpoint& checkpoint);
 
   const Mlp& model() const { return *model_; }
   const Optimizer& optimizer() const { return *optimizer_; }
