@@ -78,6 +78,15 @@ struct CheckpointOptions {
   // Written into the manifest as "step" (CheckpointManager passes its
   // step_counter's value); informational.
   std::optional<std::int64_t> step;
+  // TF's experimental_enable_async_checkpoint: save() returns once the
+  // values are copied to host memory (buffers the next such save reuses: one
+  // copy of the state), and a thread writes them while training goes on. At
+  // most one save is in flight: the next save, restore or sync() waits for
+  // it first and raises its error (the failed save then changes nothing, as
+  // a synchronous one). Under several workers the shards are written in the
+  // background and the commit (an exchange among the workers) is made by the
+  // next save, restore or sync(), which every worker calls alike.
+  bool experimental_enable_async_checkpoint = false;
 };
 
 // One tensor of a checkpoint, as its manifest describes it.
@@ -189,6 +198,9 @@ class Checkpoint {
 
   // Saves made by save() (restored by restore()).
   std::int64_t save_counter() const;
+  // Waits for an asynchronous save in flight and completes it (under
+  // several workers, its commit: every worker calls sync); raises its error.
+  void sync();
 
  private:
   friend class CheckpointLoadStatus;
@@ -234,8 +246,14 @@ class CheckpointManager {
   // beyond max_to_keep. With a checkpoint_interval, returns std::nullopt
   // (saving nothing) until step_counter has advanced by it (check_interval
   // false skips that test, not the one that the step changed).
+  // With options.experimental_enable_async_checkpoint the save goes on in
+  // the background (see CheckpointOptions); latest_checkpoint() and
+  // checkpoints() name it once it is complete, as the next save, restore or
+  // sync() finds it.
   std::optional<std::string> save(std::optional<std::int64_t> checkpoint_number = std::nullopt,
-                                  bool check_interval = true);
+                                  bool check_interval = true, const CheckpointOptions& options = {});
+  // Checkpoint::sync: waits for an asynchronous save, records it, raises its error.
+  void sync();
   // The newest checkpoint, or nullopt.
   std::optional<std::string> latest_checkpoint() const;
   // The managed checkpoints, oldest first.

@@ -66,6 +66,7 @@ PYBIND11_MODULE(_distribute, m) {
   distribute::python::bind_tensor(m);
   distribute::python::bind_strategy(m);
   distribute::python::bind_training(m);
+  distribute::python::bind_checkpoints(m);
 #ifdef DIST_PYTHON_HAVE_MPI
   distribute::python::bind_multi_worker(m);
 #endif

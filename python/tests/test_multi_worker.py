@@ -54,3 +54,53 @@ def test_a_mismatch_on_one_worker_raises_on_every_worker(strategy):
     # The strategy works again afterwards.
     out = strategy.run(lambda: ds.get_replica_context().all_reduce("sum", 1.0))
     assert [float(v) for v in out.values] == [4.0, 4.0]
+
+
+def _shared_directory(strategy):
+    """A directory worker 0 makes, its path sent to every worker (one all-reduce of its bytes)."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="distribute-mw-ckpt-") if strategy.worker_rank == 0 else ""
+    encoded = np.zeros(256, dtype=np.float32)
+    encoded[: len(path)] = np.frombuffer(path.encode(), dtype=np.uint8)
+
+    def fn():
+        first = int(ds.get_replica_context().replica_id_in_sync_group) == 0
+        return ds.get_replica_context().all_reduce("sum", encoded if first else np.zeros(256, dtype=np.float32))
+
+    total = strategy.experimental_local_results(strategy.run(fn))[0].numpy()
+    return bytes(int(c) for c in total if c).decode()
+
+
+def test_checkpoint_saved_by_every_worker_restores_in_one_process(strategy):
+    import shutil
+
+    directory = _shared_directory(strategy)
+    try:
+        with strategy.scope():
+            w = ds.Variable(np.arange(8, dtype=np.float32), name="w")
+            seen = ds.SyncOnReadVariable(0.0, name="seen", aggregation=ds.VariableAggregation.SUM)
+        adam = ds.Adam()
+
+        def step():
+            rid = int(ds.get_replica_context().replica_id_in_sync_group)
+            adam.apply_gradients([(np.full(8, rid + 1.0, dtype=np.float32), w)])
+            seen.assign_add(1.0)
+
+        strategy.run(step)
+        ckpt = ds.train.Checkpoint(w=w, optimizer=adam, seen=seen)
+        manager = ds.train.CheckpointManager(ckpt, directory, max_to_keep=2)
+        assert manager.save() == directory + "/ckpt-1"
+        reader = ds.train.load_checkpoint(directory)
+        assert reader.verify() == [] and "2 workers" in reader.layout
+        assert float(reader.get_tensor("seen/.ATTRIBUTES/VARIABLE_VALUE")) == 4.0  # 4 replicas, one step
+        # Restored in this process alone, under the default strategy.
+        w1, seen1, adam1 = ds.Variable(np.zeros(8, dtype=np.float32)), ds.Variable(0.0), ds.Adam()
+        ds.train.Checkpoint(w=w1, optimizer=adam1, seen=seen1).restore(directory).assert_consumed()
+        assert np.array_equal(w1.numpy(), w.numpy()) and float(seen1.numpy()) == 4.0 and adam1.iterations == 1
+        del manager
+        # Both workers are done reading before worker 0 removes the directory.
+        strategy.run(lambda: ds.get_replica_context().all_reduce("sum", 1.0))
+    finally:
+        if strategy.worker_rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)

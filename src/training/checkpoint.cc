@@ -9,10 +9,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "distribute/context.h"
 #include "distribute/errors.h"
@@ -308,8 +310,26 @@ struct Checkpoint::State {
     return nullptr;
   }
 
-  WriteResult write(const std::string& prefix, const CheckpointOptions& options, bool with_counter,
-                    const std::function<std::string()>& after_commit);
+  // Saves `prefix`: at once, or (options.experimental_enable_async_checkpoint)
+  // finished by a thread and finish_pending(). after_commit runs on worker 0
+  // once the manifest is in place (its return value reaches on_saved on every
+  // worker); on_saved and on_failed run on the caller's thread.
+  struct Save;
+  void write(const std::string& prefix, const CheckpointOptions& options, bool with_counter,
+             std::function<std::string()> after_commit, std::function<void(const WriteResult&)> on_saved,
+             std::function<void()> on_failed);
+  std::unique_ptr<Save> prepare(const std::string& prefix, const CheckpointOptions& options, bool with_counter);
+  Tensor host_copy(const std::string& key, const Tensor& value);
+  static std::string write_mine(Save& sv);
+  WriteResult exchange_and_commit(Save& sv, const std::function<std::string()>& local);
+  // The asynchronous save in flight (at most one): finish_pending() waits for
+  // it, completes it (several workers: its exchange and commit) and raises
+  // its error; join_pending() only waits for its thread.
+  std::unique_ptr<Save> in_flight;
+  std::map<std::string, Tensor, std::less<>> host_buffers;  // reused by asynchronous saves
+  void finish_pending();
+  void join_pending();
+  ~State();
 
   // Restores every key of the tracked objects that a restore newer than its
   // value holds: all at once, after every tensor is read and checked (an
@@ -400,51 +420,105 @@ Checkpoint& Checkpoint::track(const std::string& name, Trackable object) {
 
 std::string Checkpoint::save(const std::string& file_prefix, const CheckpointOptions& options) {
   require_cross_replica("save");
+  state_->finish_pending();
   const std::int64_t before = state_->save_counter;
   const std::int64_t number = before + 1;
   state_->save_counter = number;
   const std::string prefix = file_prefix + "-" + std::to_string(number);
-  try {
-    state_->write(prefix, options, /*with_counter=*/true, [&] {
-      // As TF's Checkpoint.save: the index names this checkpoint alone.
-      fmt::Index index;
-      index.model_checkpoint_path = fmt::basename_of(prefix);
-      index.all_model_checkpoint_paths = {index.model_checkpoint_path};
-      index.all_model_checkpoint_timestamps = {wall_clock()};
-      fmt::write_index(fmt::dirname_of(prefix), index);
-      return std::string();
-    });
-  } catch (...) {
-    state_->save_counter = before;
-    throw;
-  }
+  // As TF's Checkpoint.save: the index names this checkpoint alone.
+  auto write_index = [prefix] {
+    fmt::Index index;
+    index.model_checkpoint_path = fmt::basename_of(prefix);
+    index.all_model_checkpoint_paths = {index.model_checkpoint_path};
+    index.all_model_checkpoint_timestamps = {wall_clock()};
+    fmt::write_index(fmt::dirname_of(prefix), index);
+    return std::string();
+  };
+  State* st = state_.get();
+  state_->write(prefix, options, /*with_counter=*/true, write_index, nullptr,
+                [st, before] { st->save_counter = before; });
   return prefix;
 }
 
 std::string Checkpoint::write(const std::string& file_prefix, const CheckpointOptions& options) {
   require_cross_replica("write");
-  state_->write(file_prefix, options, /*with_counter=*/false, nullptr);
+  state_->finish_pending();
+  state_->write(file_prefix, options, /*with_counter=*/false, nullptr, nullptr, nullptr);
   return file_prefix;
 }
 
-// The save protocol (docs/checkpoints.md, "Across workers"): each worker
-// writes and syncs its share of the tensors; worker 0 commits the manifest
-// once every share is on disk; any failure is raised by every worker and
-// the torn files are removed.
-WriteResult Checkpoint::State::write(const std::string& prefix, const CheckpointOptions& options, bool with_counter,
-                                     const std::function<std::string()>& after_commit) {
+void Checkpoint::sync() {
+  require_cross_replica("sync");
+  state_->finish_pending();
+}
+
+// ---- the save protocol ---------------------------------------------------------
+//
+// docs/checkpoints.md, "Across workers": (1) the workers agree on what they
+// save; (2) each tensor goes to one worker; (3) every worker writes and syncs
+// its shard and the workers exchange what they wrote; (4) worker 0 commits
+// the manifest (and the caller's index) once every shard is on disk. Any
+// failure is raised by every worker and the torn files are removed.
+//
+// An asynchronous save does (1) and (2) on the caller's thread, with the
+// values copied into host buffers that the next save reuses; its shard is
+// written on a thread of its own. With one worker that thread also does (3)
+// and (4) (exchanges with nobody). With several, (3) and (4) are collectives
+// on the strategy's link, which the training uses meanwhile: they run on the
+// caller's thread at the next save, sync() or restore.
+
+struct Checkpoint::State::Save {
+  std::string prefix;
+  std::string dir;
+  CheckpointOptions options;
+  std::int64_t save_counter = 0;  // as the manifest records it
+  const void* owner = nullptr;    // the CheckpointManager whose save this is, if one
+  Strategy* coord = nullptr;
+  internal::WorkerPlace place;
+  std::vector<fmt::ShardTensor> all;   // every value, in key order
+  std::vector<fmt::ShardTensor> mine;  // this worker's share
+  std::string shard_path;
+  bool wrote = false;
+  std::function<std::string()> after_commit;         // worker 0, once the manifest is in place
+  std::function<void(const WriteResult&)> on_saved;  // the caller's bookkeeping (its thread)
+  std::function<void()> on_failed;
+  // Asynchronous saves.
+  std::thread thread;
+  std::string shard_info;       // (3)'s local part, done by the thread
+  std::exception_ptr error;     // of the thread
+  bool done_by_thread = false;  // one worker: the thread did (3) and (4)
+  WriteResult result;
+  internal::checkpoint_io::ThreadFaults faults;  // the caller's fault injection, carried to the thread
+
+  // Only worker 0 knows whether the checkpoint committed: it takes its shard
+  // back on a failure before the commit. Another worker whose exchange
+  // fails cannot tell (worker 0 may have committed a manifest naming its
+  // shard before the exchange broke), so it leaves its shard; the next
+  // commit of this prefix, or its removal, takes what no manifest names.
+  void remove_mine() const {
+    if (wrote && place.rank == 0) ::unlink(shard_path.c_str());
+  }
+};
+
+std::unique_ptr<Checkpoint::State::Save> Checkpoint::State::prepare(const std::string& prefix,
+                                                                    const CheckpointOptions& options,
+                                                                    bool with_counter) {
   State& st = *this;
   if (prefix.empty() || prefix.back() == '/') {
     throw InvalidArgumentError("Checkpoint: the file prefix '" + prefix + "' names no file");
   }
-  Strategy* coord = st.coordinator();
-  const internal::WorkerPlace place = coord ? internal::worker_place(*coord) : internal::WorkerPlace{};
-  const std::string dir = fmt::dirname_of(prefix);
-  const std::string base = fmt::basename_of(prefix);
+  auto save = std::make_unique<Save>();
+  Save& sv = *save;
+  sv.prefix = prefix;
+  sv.dir = fmt::dirname_of(prefix);
+  sv.options = options;
+  sv.save_counter = st.save_counter;
+  sv.coord = st.coordinator();
+  sv.place = sv.coord ? internal::worker_place(*sv.coord) : internal::WorkerPlace{};
+  const bool copy = options.experimental_enable_async_checkpoint;
 
   // 1. The values, in key order on every worker (reading a SyncOnRead
   //    variable is a collective), and the workers' agreement on them.
-  std::vector<fmt::ShardTensor> all;
   std::set<std::string, std::less<>> keys;
   for (const Owned& o : st.owned(with_counter)) {
     if (!Checkpoint::State::exists(o)) continue;
@@ -459,10 +533,11 @@ WriteResult Checkpoint::State::write(const std::string& prefix, const Checkpoint
     if (!Checkpoint::State::exists(o)) continue;
     auto [value, full_name] = st.value_of(o);
     digest += o.key + ' ' + describe(value.dtype(), value.shape()) + '\n';
-    all.push_back({o.key, std::move(full_name), std::move(value)});
+    if (copy) value = st.host_copy(o.key, value);
+    sv.all.push_back({o.key, std::move(full_name), std::move(value)});
   }
-  const std::vector<std::string> digests = agree(coord, "Checkpoint.save", [&] {
-    fmt::make_directories(dir);
+  const std::vector<std::string> digests = agree(sv.coord, "Checkpoint.save", [&] {
+    fmt::make_directories(sv.dir);
     return digest;
   });
   for (std::size_t w = 1; w < digests.size(); ++w) {
@@ -474,71 +549,81 @@ WriteResult Checkpoint::State::write(const std::string& prefix, const Checkpoint
 
   // 2. Each tensor is written once: the largest first, each to the worker
   //    with the fewest bytes so far (the same choice on every worker).
-  std::vector<std::size_t> order(all.size());
+  std::vector<std::size_t> order(sv.all.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return all[a].value.nbytes() > all[b].value.nbytes(); });
-  std::vector<std::uint64_t> load(static_cast<std::size_t>(place.count), 0);
-  std::vector<int> writer(all.size(), 0);
+                   [&](std::size_t a, std::size_t b) { return sv.all[a].value.nbytes() > sv.all[b].value.nbytes(); });
+  std::vector<std::uint64_t> load(static_cast<std::size_t>(sv.place.count), 0);
+  std::vector<int> writer(sv.all.size(), 0);
   for (const std::size_t i : order) {
     const auto least = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     writer[i] = static_cast<int>(least);
-    load[least] += all[i].value.nbytes();
+    load[least] += sv.all[i].value.nbytes();
   }
-  std::vector<fmt::ShardTensor> mine;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (writer[i] == place.rank) mine.push_back(all[i]);
+  for (std::size_t i = 0; i < sv.all.size(); ++i) {
+    if (writer[i] == sv.place.rank) sv.mine.push_back(sv.all[i]);
   }
   char shard_name[64];
-  std::snprintf(shard_name, sizeof shard_name, ".data-%05d-of-%05d.", place.rank, place.count);
-  const std::string shard_path = fmt::join_path(dir, base + shard_name + fmt::new_token() + ".safetensors");
-  bool wrote = false;
-  auto remove_mine = [&] {
-    if (wrote) ::unlink(shard_path.c_str());
-  };
+  std::snprintf(shard_name, sizeof shard_name, ".data-%05d-of-%05d.", sv.place.rank, sv.place.count);
+  sv.shard_path = fmt::join_path(sv.dir, fmt::basename_of(prefix) + shard_name + fmt::new_token() + ".safetensors");
+  return save;
+}
 
-  // 3. Every worker writes and syncs its shard; the workers exchange what
-  //    they wrote.
+// A host buffer for `key` that the next asynchronous save reuses (fresh
+// memory costs a page fault per 4 KiB on first touch), holding `value`'s bytes.
+Tensor Checkpoint::State::host_copy(const std::string& key, const Tensor& value) {
+  auto it = host_buffers.find(key);
+  if (it == host_buffers.end() || it->second.dtype() != value.dtype() || it->second.shape() != value.shape()) {
+    it = host_buffers.insert_or_assign(key, Tensor::uninitialized(value.dtype(), value.shape())).first;
+  }
+  if (value.nbytes() > 0) std::memcpy(it->second.mutable_raw_data(), value.raw_data(), value.nbytes());
+  return it->second;
+}
+
+// (3)'s local part: this worker's shard, written and synced; what the
+// manifest needs of it.
+std::string Checkpoint::State::write_mine(Save& sv) {
+  if (sv.mine.empty()) return std::string();
+  sv.wrote = true;
+  const std::vector<CheckpointEntry> entries = fmt::write_shard(sv.shard_path, sv.mine);
+  struct stat s {};
+  if (::stat(sv.shard_path.c_str(), &s) != 0) {
+    internal::checkpoint_io::throw_io_error("stat", sv.shard_path, errno);
+  }
+  json j;
+  j["file"] = fmt::basename_of(sv.shard_path);
+  j["size"] = static_cast<std::uint64_t>(s.st_size);
+  json tensors = json::array();
+  for (const CheckpointEntry& e : entries) tensors.push_back({e.key, e.offset, e.size, e.crc32c});
+  j["tensors"] = std::move(tensors);
+  return j.dump();
+}
+
+// (3)'s exchange, with `local` as this worker's part, and (4).
+WriteResult Checkpoint::State::exchange_and_commit(Save& sv, const std::function<std::string()>& local) {
   std::vector<std::string> shards;
   try {
-    shards = agree(coord, "Checkpoint.save", [&] {
-      if (mine.empty()) return std::string();
-      wrote = true;
-      const std::vector<CheckpointEntry> entries = fmt::write_shard(shard_path, mine);
-      struct stat s {};
-      if (::stat(shard_path.c_str(), &s) != 0) internal::checkpoint_io::throw_io_error("stat", shard_path, errno);
-      json j;
-      j["file"] = fmt::basename_of(shard_path);
-      j["size"] = static_cast<std::uint64_t>(s.st_size);
-      json tensors = json::array();
-      for (const CheckpointEntry& e : entries) tensors.push_back({e.key, e.offset, e.size, e.crc32c});
-      j["tensors"] = std::move(tensors);
-      return j.dump();
-    });
+    shards = agree(sv.coord, "Checkpoint.save", local);
   } catch (...) {
-    remove_mine();
+    sv.remove_mine();
     throw;
   }
 
-  // 4. Worker 0 commits the manifest (and runs the caller's hook: the
-  //    index); the others learn the outcome from it.
   std::vector<std::string> committed;
+  bool stands = false;  // worker 0: the manifest and the caller's index are in place
   try {
-    committed = agree(coord, "Checkpoint.save", [&]() -> std::string {
-      if (place.rank != 0) return "";
-      fmt::Manifest m;
-      m.save_counter = st.save_counter;
-      m.step = options.step;
-      m.layout = st.layout();
-      m.written_at = wall_clock();
-      std::map<std::string, std::string, std::less<>> full_names;
-      for (const fmt::ShardTensor& t : all) full_names[t.key] = t.full_name;
-      std::map<std::string, DType, std::less<>> dtypes;
-      std::map<std::string, Shape, std::less<>> shapes;
-      for (const fmt::ShardTensor& t : all) {
-        dtypes[t.key] = t.value.dtype();
-        shapes[t.key] = t.value.shape();
+    committed = agree(sv.coord, "Checkpoint.save", [&]() -> std::string {
+      if (sv.place.rank != 0) {
+        internal::checkpoint_io::protocol_point("await the commit", sv.prefix);
+        return "";
       }
+      fmt::Manifest m;
+      m.save_counter = sv.save_counter;
+      m.step = sv.options.step;
+      m.layout = layout();
+      m.written_at = wall_clock();
+      std::map<std::string, const fmt::ShardTensor*, std::less<>> by_key;
+      for (const fmt::ShardTensor& t : sv.all) by_key[t.key] = &t;
       for (std::size_t w = 0; w < shards.size(); ++w) {
         if (shards[w].empty()) continue;
         const json j = json::parse(shards[w]);
@@ -546,9 +631,10 @@ WriteResult Checkpoint::State::write(const std::string& prefix, const Checkpoint
         for (const json& t : j.at("tensors")) {
           CheckpointEntry e;
           e.key = t.at(0).get<std::string>();
-          e.full_name = full_names.at(e.key);
-          e.dtype = dtypes.at(e.key);
-          e.shape = shapes.at(e.key);
+          const fmt::ShardTensor& value = *by_key.at(e.key);
+          e.full_name = value.full_name;
+          e.dtype = value.value.dtype();
+          e.shape = value.value.shape();
           e.file = m.shards.back().file;
           e.offset = t.at(1).get<std::uint64_t>();
           e.size = t.at(2).get<std::uint64_t>();
@@ -558,36 +644,120 @@ WriteResult Checkpoint::State::write(const std::string& prefix, const Checkpoint
       }
       std::sort(m.entries.begin(), m.entries.end(),
                 [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.key < b.key; });
-      // The shards of a checkpoint this one replaces, removed once it is in place.
-      std::vector<std::string> replaced;
-      try {
-        for (const auto& s : fmt::read_manifest(prefix).shards) replaced.push_back(s.file);
-      } catch (const Error&) {
-      }
-      fmt::commit_manifest(prefix, m);
+      fmt::commit_manifest(sv.prefix, m);
       std::string payload;
       try {
-        if (after_commit) payload = after_commit();
+        if (sv.after_commit) payload = sv.after_commit();
       } catch (...) {
         // The checkpoint is whole but not recorded: take it back, so that
         // a failed save leaves nothing behind.
         try {
-          fmt::remove_checkpoint(prefix);
+          fmt::remove_checkpoint(sv.prefix);
         } catch (const Error&) {
         }
         throw;
       }
-      for (const std::string& f : replaced) {
-        const bool reused = std::any_of(m.shards.begin(), m.shards.end(), [&](const auto& s) { return s.file == f; });
-        if (!reused) ::unlink(fmt::join_path(dir, f).c_str());
-      }
+      stands = true;
+      // The shards of a checkpoint of this prefix that this one replaces,
+      // and those of failed saves of it, go once it is in place.
+      std::vector<std::string> named;
+      for (const auto& shard : m.shards) named.push_back(shard.file);
+      fmt::remove_unnamed_shards(sv.prefix, named);
       return payload;
     });
   } catch (...) {
-    remove_mine();
+    // Worker 0 committed and then lost the others (a worker killed while it
+    // awaited the outcome): the checkpoint is whole and stays; the error is
+    // the lost worker's.
+    if (!stands) sv.remove_mine();
     throw;
   }
   return {committed.empty() ? std::string() : committed[0]};
+}
+
+void Checkpoint::State::write(const std::string& prefix, const CheckpointOptions& options, bool with_counter,
+                              std::function<std::string()> after_commit,
+                              std::function<void(const WriteResult&)> on_saved, std::function<void()> on_failed) {
+  std::unique_ptr<Save> save;
+  try {
+    save = prepare(prefix, options, with_counter);
+  } catch (...) {
+    if (on_failed) on_failed();
+    throw;
+  }
+  Save& sv = *save;
+  sv.after_commit = std::move(after_commit);
+  sv.on_saved = std::move(on_saved);
+  sv.on_failed = std::move(on_failed);
+  if (!options.experimental_enable_async_checkpoint) {
+    WriteResult result;
+    try {
+      result = exchange_and_commit(sv, [&] { return write_mine(sv); });
+    } catch (...) {
+      if (sv.on_failed) sv.on_failed();
+      throw;
+    }
+    if (sv.on_saved) sv.on_saved(result);
+    return;
+  }
+  // The thread counts its file operations as the caller's (fault injection).
+  sv.faults = internal::checkpoint_io::take_thread_faults();
+  sv.thread = std::thread([this, &sv] {
+    internal::checkpoint_io::put_thread_faults(sv.faults);
+    try {
+      if (sv.coord == nullptr) {
+        sv.result = exchange_and_commit(sv, [&] { return write_mine(sv); });
+        sv.done_by_thread = true;
+      } else {
+        sv.shard_info = write_mine(sv);
+      }
+    } catch (...) {
+      sv.error = std::current_exception();
+    }
+    sv.faults = internal::checkpoint_io::take_thread_faults();
+  });
+  in_flight = std::move(save);
+}
+
+Checkpoint::State::~State() {
+  if (!in_flight) return;
+  join_pending();
+  // Nothing can be raised from here: say what became of the save.
+  if (!in_flight->done_by_thread) {
+    std::cerr << "distribute: a Checkpoint is destroyed with its asynchronous save of " << in_flight->prefix
+              << (in_flight->coord ? " not committed (several workers commit at sync(); call it before)" : " failed")
+              << "\n"
+              << std::flush;
+    in_flight->remove_mine();
+  }
+}
+
+void Checkpoint::State::join_pending() {
+  if (!in_flight || !in_flight->thread.joinable()) return;
+  in_flight->thread.join();
+  internal::checkpoint_io::put_thread_faults(in_flight->faults);
+}
+
+void Checkpoint::State::finish_pending() {
+  if (!in_flight) return;
+  join_pending();
+  std::unique_ptr<Save> save = std::move(in_flight);
+  Save& sv = *save;
+  try {
+    if (!sv.done_by_thread) {
+      if (sv.coord == nullptr) std::rethrow_exception(sv.error);
+      // Several workers: the exchange and the commit, on this thread; a
+      // worker whose write failed passes its error to every worker.
+      sv.result = exchange_and_commit(sv, [&] {
+        if (sv.error) std::rethrow_exception(sv.error);
+        return sv.shard_info;
+      });
+    }
+  } catch (...) {
+    if (sv.on_failed) sv.on_failed();
+    throw;
+  }
+  if (sv.on_saved) sv.on_saved(sv.result);
 }
 
 CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
@@ -602,6 +772,7 @@ CheckpointLoadStatus Checkpoint::read(const std::string& save_path) {
 }
 
 CheckpointLoadStatus Checkpoint::load(const std::string& save_path, bool expects_save_counter) {
+  state_->finish_pending();  // a save in flight first: it may be the one to restore
   std::string prefix = save_path;
   struct stat s {};
   if (::stat(save_path.c_str(), &s) == 0 && S_ISDIR(s.st_mode)) {
@@ -944,12 +1115,26 @@ CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directo
 }
 
 CheckpointManager::~CheckpointManager() {
+  // An asynchronous save of this manager's: its thread ends before the
+  // directory's lock goes; what it records is no longer this manager's.
+  if (Checkpoint::State& ck = *state_->checkpoint->state_; ck.in_flight && ck.in_flight->owner == this) {
+    ck.join_pending();
+    ck.in_flight->on_saved = nullptr;
+  }
   if (state_->lock_fd >= 0) ::close(state_->lock_fd);
 }
 
-std::optional<std::string> CheckpointManager::save(std::optional<std::int64_t> checkpoint_number, bool check_interval) {
+void CheckpointManager::sync() {
+  require_cross_replica("CheckpointManager.sync");
+  state_->checkpoint->state_->finish_pending();
+}
+
+std::optional<std::string> CheckpointManager::save(std::optional<std::int64_t> checkpoint_number, bool check_interval,
+                                                   const CheckpointOptions& options) {
   require_cross_replica("CheckpointManager.save");
   State& st = *state_;
+  Checkpoint::State& ck = *st.checkpoint->state_;
+  ck.finish_pending();  // the save before, recorded (or its error raised) first
   std::optional<std::int64_t> step;
   if (st.options.step_counter) step = st.step();
   if (st.options.checkpoint_interval) {
@@ -958,80 +1143,72 @@ std::optional<std::string> CheckpointManager::save(std::optional<std::int64_t> c
       return std::nullopt;
     }
   }
-  Checkpoint::State& ck = *st.checkpoint->state_;
   const std::int64_t before = ck.save_counter;
   ck.save_counter = before + 1;
   const std::int64_t number = checkpoint_number ? *checkpoint_number : ck.save_counter;
   const std::string prefix = fmt::join_path(st.directory, st.options.checkpoint_name + "-" + std::to_string(number));
-  // The new lists, applied on every worker from worker 0's decisions.
-  auto decide = [&] {
-    std::vector<std::string> paths = st.checkpoints;
-    std::vector<double> times = st.timestamps;
-    for (std::size_t i = 0; i < paths.size(); ++i) {
-      if (paths[i] == prefix) {
-        paths.erase(paths.begin() + static_cast<std::ptrdiff_t>(i));
-        times.erase(times.begin() + static_cast<std::ptrdiff_t>(i));
-        break;
-      }
+  // The new lists (worker 0's decision, applied on every worker), made now:
+  // the commit may run on another thread, after this call.
+  State view;
+  view.latest = prefix;
+  view.checkpoints = st.checkpoints;
+  view.timestamps = st.timestamps;
+  view.last_preserved = st.last_preserved;
+  for (std::size_t i = 0; i < view.checkpoints.size(); ++i) {
+    if (view.checkpoints[i] == prefix) {
+      view.checkpoints.erase(view.checkpoints.begin() + static_cast<std::ptrdiff_t>(i));
+      view.timestamps.erase(view.timestamps.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
     }
-    paths.push_back(prefix);
-    times.push_back(st.now());
-    json j;
-    j["paths"] = paths;
-    j["times"] = times;
-    j["last_preserved"] = st.last_preserved;
-    return j;
-  };
-  WriteResult result;
-  try {
-    result = ck.write(prefix, {.step = step}, /*with_counter=*/true, [&] {
-      json j = decide();
-      // The index names the new checkpoint before anything is swept; then
-      // the sweep; then the index again (TF's order).
-      State view = State{};
-      view.latest = prefix;
-      view.checkpoints = j["paths"].get<std::vector<std::string>>();
-      view.timestamps = j["times"].get<std::vector<double>>();
-      view.last_preserved = j["last_preserved"].get<double>();
-      fmt::write_index(st.directory, view.index());
-      // The save stands from here: a failure of the sweep is said, not
-      // raised (what it could not remove stays on disk, outside the index).
-      try {
-        bool swept = false;
-        while (st.max_to_keep && view.checkpoints.size() > static_cast<std::size_t>(*st.max_to_keep)) {
-          const std::string oldest = view.checkpoints.front();
-          const double t = view.timestamps.front();
-          view.checkpoints.erase(view.checkpoints.begin());
-          view.timestamps.erase(view.timestamps.begin());
-          swept = true;
-          const auto& hours = st.options.keep_checkpoint_every_n_hours;
-          if (hours && t - *hours * 3600 >= view.last_preserved) {
-            view.last_preserved = t;  // kept, and no longer managed
-            continue;
-          }
-          fmt::remove_checkpoint(oldest);
-        }
-        if (swept) fmt::write_index(st.directory, view.index());
-      } catch (const Error& e) {
-        std::cerr << "distribute: CheckpointManager: " << prefix
-                  << " is saved, but removing older checkpoints failed: " << e.message() << "\n"
-                  << std::flush;
-      }
-      j["paths"] = view.checkpoints;
-      j["times"] = view.timestamps;
-      j["last_preserved"] = view.last_preserved;
-      return j.dump();
-    });
-  } catch (...) {
-    ck.save_counter = before;
-    throw;
   }
-  const json j = json::parse(result.commit_payload);
-  st.checkpoints = j["paths"].get<std::vector<std::string>>();
-  st.timestamps = j["times"].get<std::vector<double>>();
-  st.last_preserved = j["last_preserved"].get<double>();
-  st.latest = prefix;
-  if (st.options.checkpoint_interval) st.last_save_step = step;
+  view.checkpoints.push_back(prefix);
+  view.timestamps.push_back(st.now());
+  auto after_commit = [view = std::move(view), prefix, directory = st.directory, max_to_keep = st.max_to_keep,
+                       hours = st.options.keep_checkpoint_every_n_hours]() mutable {
+    // The index names the new checkpoint before anything is swept; then
+    // the sweep; then the index again (TF's order).
+    fmt::write_index(directory, view.index());
+    // The save stands from here: a failure of the sweep is said, not
+    // raised (what it could not remove stays on disk, outside the index).
+    try {
+      bool swept = false;
+      while (max_to_keep && view.checkpoints.size() > static_cast<std::size_t>(*max_to_keep)) {
+        const std::string oldest = view.checkpoints.front();
+        const double t = view.timestamps.front();
+        view.checkpoints.erase(view.checkpoints.begin());
+        view.timestamps.erase(view.timestamps.begin());
+        swept = true;
+        if (hours && t - *hours * 3600 >= view.last_preserved) {
+          view.last_preserved = t;  // kept, and no longer managed
+          continue;
+        }
+        fmt::remove_checkpoint(oldest);
+      }
+      if (swept) fmt::write_index(directory, view.index());
+    } catch (const Error& e) {
+      std::cerr << "distribute: CheckpointManager: " << prefix
+                << " is saved, but removing older checkpoints failed: " << e.message() << "\n"
+                << std::flush;
+    }
+    json j;
+    j["paths"] = view.checkpoints;
+    j["times"] = view.timestamps;
+    j["last_preserved"] = view.last_preserved;
+    return j.dump();
+  };
+  auto on_saved = [&st, prefix, step](const WriteResult& result) {
+    const json j = json::parse(result.commit_payload);
+    st.checkpoints = j["paths"].get<std::vector<std::string>>();
+    st.timestamps = j["times"].get<std::vector<double>>();
+    st.last_preserved = j["last_preserved"].get<double>();
+    st.latest = prefix;
+    if (st.options.checkpoint_interval) st.last_save_step = step;
+  };
+  CheckpointOptions with_step = options;
+  with_step.step = step;
+  ck.write(prefix, with_step, /*with_counter=*/true, std::move(after_commit), std::move(on_saved),
+           [&ck, before] { ck.save_counter = before; });
+  if (ck.in_flight) ck.in_flight->owner = this;
   return prefix;
 }
 
@@ -1041,6 +1218,7 @@ const std::string& CheckpointManager::directory() const { return state_->directo
 
 std::optional<std::string> CheckpointManager::restore_or_initialize() {
   State& st = *state_;
+  st.checkpoint->state_->finish_pending();
   if (st.latest) {
     st.checkpoint->restore(*st.latest);
     if (st.options.checkpoint_interval) st.last_save_step = st.step();

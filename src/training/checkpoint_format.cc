@@ -1,5 +1,6 @@
 #include "training/checkpoint_format.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -456,6 +457,29 @@ void remove_checkpoint(const std::string& prefix) {
   io::remove_file(prefix + std::string(kManifestSuffix));
   const std::string dir = dirname_of(prefix);
   for (const std::string& f : shards) io::remove_file(join_path(dir, f));
+  remove_unnamed_shards(prefix, shards);
+}
+
+std::vector<std::string> shard_files_of(const std::string& prefix) {
+  const std::string dir = dirname_of(prefix);
+  const std::string start = basename_of(prefix) + ".data-";
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (name.starts_with(start) && name.ends_with(".safetensors")) out.emplace_back(name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void remove_unnamed_shards(const std::string& prefix, const std::vector<std::string>& keep) {
+  const std::string dir = dirname_of(prefix);
+  for (const std::string& f : shard_files_of(prefix)) {
+    if (std::find(keep.begin(), keep.end(), f) == keep.end()) ::unlink(join_path(dir, f).c_str());
+  }
 }
 
 std::string new_token() { return random_token(); }

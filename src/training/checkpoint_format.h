@@ -86,8 +86,17 @@ std::optional<Index> read_index(const std::string& dir);
 void write_index(const std::string& dir, const Index& index);
 
 // Removes a checkpoint: its manifest first (so it is no longer visible),
-// then its shards. Missing files are fine.
+// then its shards, and any shard file of the prefix that no manifest names
+// (left by a save that failed). Missing files are fine.
 void remove_checkpoint(const std::string& prefix);
+
+// The shard files of `prefix` in its directory ("<base>.data-*.safetensors"),
+// whether its manifest names them or not.
+std::vector<std::string> shard_files_of(const std::string& prefix);
+// Unlinks the shard files of `prefix` that `keep` does not name: what saves
+// of the same prefix that failed left behind. Best effort: nothing visible
+// depends on it.
+void remove_unnamed_shards(const std::string& prefix, const std::vector<std::string>& keep);
 
 // Eight random hex digits: names a save's files apart from any other's.
 std::string new_token();

@@ -38,6 +38,19 @@ void inject_fault(std::int64_t after, Fault fault) {
 
 std::int64_t operations() { return done; }
 
+ThreadFaults take_thread_faults() {
+  ThreadFaults f{done, fault_at, fault_kind};
+  fault_at = -1;
+  fault_kind = Fault::kNone;
+  return f;
+}
+
+void put_thread_faults(const ThreadFaults& faults) {
+  done = faults.done;
+  fault_at = faults.fault_at;
+  fault_kind = faults.kind;
+}
+
 void throw_io_error(const std::string& op, const std::string& path, int err) {
   const std::string message = op + " '" + path + "': " + std::strerror(err);
   switch (err) {
@@ -105,6 +118,8 @@ void remove_file(const std::string& path) {
   point("unlink", path);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_io_error("unlink", path, errno);
 }
+
+void protocol_point(const std::string& what, const std::string& path) { point(what, path); }
 
 bool file_exists(const std::string& path) {
   struct stat st {};

@@ -17,6 +17,16 @@ enum class Fault { kNone, kFail, kCrash };
 void inject_fault(std::int64_t after, Fault fault);
 // Operations done by this thread so far (a test counts a save's points).
 std::int64_t operations();
+// This thread's count and injected fault, handed to the thread that does a
+// save's work for it (an asynchronous save), and back when it is done, so
+// that a test counts and injects as if the caller did the work.
+struct ThreadFaults {
+  std::int64_t done = 0;
+  std::int64_t fault_at = -1;
+  Fault kind = Fault::kNone;
+};
+ThreadFaults take_thread_faults();
+void put_thread_faults(const ThreadFaults& faults);
 
 // Throws the error for errno `err` of `op` on `path`: no space or a file
 // too large -> ResourceExhaustedError, no permission or a read-only
@@ -49,6 +59,10 @@ void rename_file(const std::string& from, const std::string& to);
 void sync_directory(const std::string& dir);
 // unlink(2); a file already gone is not an error.
 void remove_file(const std::string& path);
+
+// A step of the save protocol that touches no file (a worker awaiting the
+// commit): counted as an operation, so that a test can fail a worker there.
+void protocol_point(const std::string& what, const std::string& path);
 
 // Whole-file reads (no fault points: reads change nothing).
 bool file_exists(const std::string& path);

@@ -54,6 +54,9 @@ constexpr const char* kUsage = R"(usage: distribute-train [options]
                        optimizer state, metrics and learning curve
   --checkpoint-every N also save every N steps (0: only after each epoch)
   --keep N             checkpoints kept in --checkpoint-dir          (default: 3)
+  --async-checkpoint   save in the background: a save copies the state to
+                       host memory and training goes on while a thread
+                       writes it (at most one save in flight)
   --blas-threads N     OpenBLAS threads per GEMM, or auto: the usable cores
                        divided among the local replicas, at least 1   (default: auto)
   --blas-core NAME     OpenBLAS kernels: auto (the widest the CPU runs, where
@@ -76,6 +79,7 @@ struct Args {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
   int keep = 3;
+  bool async_checkpoint = false;
 };
 
 using tools::parse_int;
@@ -93,6 +97,10 @@ Args parse(int argc, char** argv) {
     if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
       std::exit(0);
+    }
+    if (flag == "--async-checkpoint") {
+      a.async_checkpoint = true;
+      continue;
     }
     if (i + 1 >= argc) throw UsageError("unknown flag or missing value: " + flag);
     const std::string value = argv[++i];
@@ -141,6 +149,9 @@ Args parse(int argc, char** argv) {
   }
   if (a.checkpoint_dir.empty() && a.checkpoint_every > 0) {
     throw UsageError("--checkpoint-every needs --checkpoint-dir");
+  }
+  if (a.checkpoint_dir.empty() && a.async_checkpoint) {
+    throw UsageError("--async-checkpoint needs --checkpoint-dir");
   }
   if ((a.strategy == "default" || a.strategy == "one_device") && a.replicas > 1) {
     throw UsageError("--strategy " + a.strategy + " has exactly one replica; --replicas " + std::to_string(a.replicas) +
@@ -500,7 +511,7 @@ int run(const Args& a) {
     if (!manager) return;
     state.history.emplace(encode_history(records), VariableOptions{.name = "history"});
     checkpoint->track("train/history", *state.history);
-    manager->save();
+    manager->save(std::nullopt, true, {.experimental_enable_async_checkpoint = a.async_checkpoint});
   };
   const bool bar = chief && isatty(STDERR_FILENO);
   const int first_epoch = static_cast<int>(state.epochs_done.read_value().scalar<std::int64_t>()) + 1;
@@ -535,6 +546,7 @@ int run(const Args& a) {
     state.rows_in_epoch.assign(constant(std::int64_t{0}));
     save();
   }
+  if (manager) manager->sync();  // the last save, if asynchronous, whole before the run ends
   if (records.empty()) {
     // Every epoch was done before (a finished run's checkpoint): the model as it was left.
     records.push_back({a.epochs, EpochStats{}, trainer.evaluate(data.test)});
