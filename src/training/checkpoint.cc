@@ -351,9 +351,11 @@ struct Checkpoint::State {
     }
     if (pending.empty()) return;
     agree(coordinator(), "Checkpoint.restore", [&] {
+      std::map<std::string, fmt::TensorReader> readers;  // one per directory: each shard opened once
       for (Pending& p : pending) {
         const CheckpointEntry& e = *p.from->by_key.find(p.owned.key)->second;
-        p.value = fmt::read_tensor(fmt::dirname_of(p.from->prefix), e);
+        const std::string dir = fmt::dirname_of(p.from->prefix);
+        p.value = readers.try_emplace(dir, dir).first->second.read(e);
         check_fits(p.owned, p.value, p.from->prefix);
       }
       return std::string();
@@ -424,7 +426,7 @@ std::string Checkpoint::save(const std::string& file_prefix, const CheckpointOpt
   const std::int64_t before = state_->save_counter;
   const std::int64_t number = before + 1;
   state_->save_counter = number;
-  const std::string prefix = file_prefix + "-" + std::to_string(number);
+  std::string prefix = file_prefix + "-" + std::to_string(number);
   // As TF's Checkpoint.save: the index names this checkpoint alone.
   auto write_index = [prefix] {
     fmt::Index index;
@@ -946,9 +948,10 @@ std::vector<std::string> CheckpointReader::verify() const {
       problems.push_back(std::move(p));
     }
   }
+  fmt::TensorReader reader(state_->dir);
   for (const CheckpointEntry& e : state_->manifest.entries) {
     try {
-      fmt::read_tensor(state_->dir, e);
+      reader.read(e);
     } catch (const Error& err) {
       problems.push_back(err.message());
     }

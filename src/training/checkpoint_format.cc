@@ -11,6 +11,8 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -82,6 +84,9 @@ bool read_at(int fd, void* out, std::size_t n, std::uint64_t offset, const std::
   return true;
 }
 
+// json's destructor allocates (it flattens nesting onto a vector), which
+// clang-tidy counts as a throw from this struct's implicit members.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 struct ShardHeader {
   std::uint64_t header_bytes = 0;  // the JSON's length
   json tensors;                    // key -> {dtype, shape, data_offsets}
@@ -356,21 +361,34 @@ void commit_manifest(const std::string& prefix, const Manifest& m) {
   replace_file(prefix + std::string(kManifestSuffix), encode_manifest(m), /*take_back_unless_durable=*/true);
 }
 
-Tensor read_tensor(const std::string& dir, const CheckpointEntry& e) {
-  const std::string path = join_path(dir, e.file);
-  InFile in(path);
+// The header of a shard just opened; DataLossError if the file is missing.
+ShardHeader header_of_opened(const InFile& in, const std::string& path, const std::string& key) {
   if (in.fd < 0) {
-    if (errno == ENOENT) {
-      throw DataLossError("checkpoint shard '" + path + "' of tensor '" + e.key + "' is missing");
-    }
+    if (errno == ENOENT) throw DataLossError("checkpoint shard '" + path + "' of tensor '" + key + "' is missing");
     io::throw_io_error("open", path, errno);
   }
-  const ShardHeader h = read_shard_header(in.fd, path);
-  if (std::string problem = header_disagreement(h, e); !problem.empty()) {
+  return read_shard_header(in.fd, path);
+}
+
+struct TensorReader::Shard {
+  Shard(const std::string& path, const std::string& key) : in(path), header(header_of_opened(in, path, key)) {}
+  InFile in;
+  const ShardHeader header;
+};
+
+TensorReader::TensorReader(std::string dir) : dir_(std::move(dir)) {}
+TensorReader::~TensorReader() = default;
+
+Tensor TensorReader::read(const CheckpointEntry& e) {
+  const std::string path = join_path(dir_, e.file);
+  auto it = shards_.find(e.file);
+  if (it == shards_.end()) it = shards_.emplace(e.file, std::make_unique<Shard>(path, e.key)).first;
+  const Shard& shard = *it->second;
+  if (std::string problem = header_disagreement(shard.header, e); !problem.empty()) {
     throw DataLossError("checkpoint shard '" + path + "': " + problem);
   }
   Tensor t = Tensor::uninitialized(e.dtype, e.shape);
-  if (!read_at(in.fd, t.mutable_raw_data(), e.size, h.data_start() + e.offset, path)) {
+  if (!read_at(shard.in.fd, t.mutable_raw_data(), e.size, shard.header.data_start() + e.offset, path)) {
     throw DataLossError("checkpoint shard '" + path + "' is truncated: tensor '" + e.key + "' ends past its end");
   }
   const std::uint32_t crc = crc32c(t.raw_data(), e.size);
@@ -381,6 +399,8 @@ Tensor read_tensor(const std::string& dir, const CheckpointEntry& e) {
   }
   return t;
 }
+
+Tensor read_tensor(const std::string& dir, const CheckpointEntry& e) { return TensorReader(dir).read(e); }
 
 std::string check_shard(const std::string& dir, const Manifest::Shard& shard,
                         const std::vector<CheckpointEntry>& entries) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -68,6 +70,21 @@ void commit_manifest(const std::string& prefix, const Manifest& m);
 // The tensor's bytes from its shard, checked against the shard's header and
 // the CRC32C (DataLossError naming the file and the key).
 Tensor read_tensor(const std::string& dir, const CheckpointEntry& e);
+// read_tensor for many tensors of one directory: each shard is opened, and
+// its header (which names every tensor of the shard) parsed, once.
+class TensorReader {
+ public:
+  explicit TensorReader(std::string dir);
+  ~TensorReader();
+  TensorReader(const TensorReader&) = delete;
+  TensorReader& operator=(const TensorReader&) = delete;
+  Tensor read(const CheckpointEntry& e);
+
+ private:
+  struct Shard;
+  std::string dir_;
+  std::map<std::string, std::unique_ptr<Shard>> shards_;  // by file name
+};
 // Checks a shard's size and header against the manifest; "" if sound, else
 // the problem.
 std::string check_shard(const std::string& dir, const Manifest::Shard& shard,

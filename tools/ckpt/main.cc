@@ -81,6 +81,7 @@ int list(const std::string& dir) {
       names.push_back(name.substr(0, name.size() - suffix.size()));
   }
   std::vector<train::CheckpointReader> readers;
+  readers.reserve(names.size());
   for (const std::string& name : names) readers.emplace_back((std::filesystem::path(dir) / name).string());
   std::sort(readers.begin(), readers.end(),
             [](const auto& x, const auto& y) { return x.save_counter() < y.save_counter(); });

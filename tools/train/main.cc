@@ -436,6 +436,69 @@ std::string parameters_digest(const Trainer& trainer) {
   return hex;
 }
 
+// The bar of an epoch's progress, redrawn in place on stderr.
+void print_progress_bar(const Progress& p, int epochs) {
+  const int width = 30;
+  const int filled = static_cast<int>(width * p.step / p.steps);
+  std::fprintf(stderr, "\repoch %d/%d [%s%s] %3d%% loss %.4f %s samples/s ", p.epoch, epochs,
+               std::string(static_cast<std::size_t>(filled), '=').c_str(),
+               std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
+               static_cast<int>(100 * p.step / p.steps), p.loss, grouped(p.samples_per_second).c_str());
+  std::fflush(stderr);
+}
+
+// The chief's account of the run: metrics, plot, accuracy, digest.
+void report(const Args& a, const Strategy& s, const Trainer& trainer, const std::vector<EpochRecord>& records,
+            int diverged) {
+  if (!a.metrics.empty()) write_metrics(a.metrics, a, s, records);
+  if (!a.plot.empty()) write_plot(a.plot, s, records);
+  std::cout << "test accuracy " << fixed(records.back().test.accuracy, 4) << "\n";
+  std::cout << "parameters CRC32C " << parameters_digest(trainer) << "\n";
+  if (diverged) {
+    std::cerr << "distribute-train: the training diverged: the loss is not finite from epoch " << diverged
+              << " on (a smaller --learning-rate may help)\n";
+  }
+}
+
+// --checkpoint-dir: every worker saves (each its share of the tensors) and
+// restores; a run goes on from the latest checkpoint found there. Gives back
+// the epochs' records of the restored run (none for a new one).
+std::vector<EpochRecord> open_checkpoints(const Args& a, bool chief, Trainer& trainer, RunState& state,
+                                          std::optional<Checkpoint>& checkpoint,
+                                          std::optional<CheckpointManager>& manager) {
+  std::vector<EpochRecord> records;
+  if (a.checkpoint_dir.empty()) return records;
+  checkpoint.emplace();
+  trainer.track(*checkpoint);
+  state.track(*checkpoint);
+  manager.emplace(*checkpoint, a.checkpoint_dir, a.keep);
+  if (const auto latest = manager->latest_checkpoint()) {
+    const auto settings = CheckpointReader(*latest).get_tensor("train/settings/.ATTRIBUTES/VARIABLE_VALUE");
+    if (!(settings == state.settings.read_value())) {
+      const auto v = settings.flat<std::int64_t>();
+      throw InvalidArgumentError("the checkpoint " + *latest + " was written with " +
+                                 (v.size() == 3
+                                      ? "--seed " + std::to_string(v[0]) + " --global-batch " + std::to_string(v[1]) +
+                                            " --optimizer " + (v[2] == 1 ? "sgd" : "adam")
+                                      : std::string("other settings")) +
+                                 ": a run that goes on from it must keep them (or use another --checkpoint-dir)");
+    }
+    checkpoint->track("train/settings", state.settings);
+    // Every variable of this model must find its value there.
+    checkpoint->restore(*latest).assert_existing_objects_matched();
+    if (auto history = checkpoint->initial_value("train/history")) records = decode_history(*history);
+    if (chief) {
+      std::cout << "distribute-train: restored " << *latest << ": "
+                << state.epochs_done.read_value().scalar<std::int64_t>() << " epochs done, "
+                << state.steps_in_epoch.read_value().scalar<std::int64_t>() << " steps into the next; "
+                << trainer.optimizer().iterations() << " steps in all\n";
+    }
+  } else {
+    checkpoint->track("train/settings", state.settings);
+  }
+  return records;
+}
+
 int run(const Args& a) {
   const int cores = internal::usable_cpus();
   std::unique_ptr<Strategy> owned;
@@ -471,42 +534,10 @@ int run(const Args& a) {
               << data.train.size() << " training and " << data.test.size() << " test images; " << blas_description()
               << "; " << internal::describe_host_cpus() << "\n";
   }
-  // --checkpoint-dir: every worker saves (each its share of the tensors) and
-  // restores; a run goes on from the latest checkpoint found there.
   RunState state(a);
   std::optional<Checkpoint> checkpoint;
   std::optional<CheckpointManager> manager;
-  std::vector<EpochRecord> records;
-  if (!a.checkpoint_dir.empty()) {
-    checkpoint.emplace();
-    trainer.track(*checkpoint);
-    state.track(*checkpoint);
-    manager.emplace(*checkpoint, a.checkpoint_dir, a.keep);
-    if (const auto latest = manager->latest_checkpoint()) {
-      const auto settings = CheckpointReader(*latest).get_tensor("train/settings/.ATTRIBUTES/VARIABLE_VALUE");
-      if (!(settings == state.settings.read_value())) {
-        const auto v = settings.flat<std::int64_t>();
-        throw InvalidArgumentError("the checkpoint " + *latest + " was written with " +
-                                   (v.size() == 3
-                                        ? "--seed " + std::to_string(v[0]) + " --global-batch " + std::to_string(v[1]) +
-                                              " --optimizer " + (v[2] == 1 ? "sgd" : "adam")
-                                        : std::string("other settings")) +
-                                   ": a run that goes on from it must keep them (or use another --checkpoint-dir)");
-      }
-      checkpoint->track("train/settings", state.settings);
-      // Every variable of this model must find its value there.
-      checkpoint->restore(*latest).assert_existing_objects_matched();
-      if (auto history = checkpoint->initial_value("train/history")) records = decode_history(*history);
-      if (chief) {
-        std::cout << "distribute-train: restored " << *latest << ": "
-                  << state.epochs_done.read_value().scalar<std::int64_t>() << " epochs done, "
-                  << state.steps_in_epoch.read_value().scalar<std::int64_t>() << " steps into the next; "
-                  << trainer.optimizer().iterations() << " steps in all\n";
-      }
-    } else {
-      checkpoint->track("train/settings", state.settings);
-    }
-  }
+  std::vector<EpochRecord> records = open_checkpoints(a, chief, trainer, state, checkpoint, manager);
   auto save = [&] {
     if (!manager) return;
     state.history.emplace(encode_history(records), VariableOptions{.name = "history"});
@@ -517,14 +548,7 @@ int run(const Args& a) {
   const int first_epoch = static_cast<int>(state.epochs_done.read_value().scalar<std::int64_t>()) + 1;
   for (int epoch = first_epoch; epoch <= a.epochs; ++epoch) {
     auto progress = [&](const Progress& p) {
-      if (!bar) return;
-      const int width = 30;
-      const int filled = static_cast<int>(width * p.step / p.steps);
-      std::fprintf(stderr, "\repoch %d/%d [%s%s] %3d%% loss %.4f %s samples/s ", p.epoch, a.epochs,
-                   std::string(static_cast<std::size_t>(filled), '=').c_str(),
-                   std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
-                   static_cast<int>(100 * p.step / p.steps), p.loss, grouped(p.samples_per_second).c_str());
-      std::fflush(stderr);
+      if (bar) print_progress_bar(p, a.epochs);
     };
     auto after_step = [&](std::int64_t steps, std::int64_t rows) {
       if (a.checkpoint_every == 0 || trainer.optimizer().iterations() % a.checkpoint_every != 0) return;
@@ -552,16 +576,7 @@ int run(const Args& a) {
     records.push_back({a.epochs, EpochStats{}, trainer.evaluate(data.test)});
   }
   const int diverged = diverged_at(records);
-  if (chief) {
-    if (!a.metrics.empty()) write_metrics(a.metrics, a, *s, records);
-    if (!a.plot.empty()) write_plot(a.plot, *s, records);
-    std::cout << "test accuracy " << fixed(records.back().test.accuracy, 4) << "\n";
-    std::cout << "parameters CRC32C " << parameters_digest(trainer) << "\n";
-    if (diverged) {
-      std::cerr << "distribute-train: the training diverged: the loss is not finite from epoch " << diverged
-                << " on (a smaller --learning-rate may help)\n";
-    }
-  }
+  if (chief) report(a, *s, trainer, records, diverged);
   return diverged ? 3 : 0;
 }
 
