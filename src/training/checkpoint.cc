@@ -321,7 +321,8 @@ struct Checkpoint::State {
   std::unique_ptr<Save> prepare(const std::string& prefix, const CheckpointOptions& options, bool with_counter);
   Tensor host_copy(const std::string& key, const Tensor& value);
   static std::string write_mine(Save& sv);
-  WriteResult exchange_and_commit(Save& sv, const std::function<std::string()>& local);
+  // Static: an asynchronous save's thread reads its Save alone.
+  static WriteResult exchange_and_commit(Save& sv, const std::function<std::string()>& local);
   // The asynchronous save in flight (at most one): finish_pending() waits for
   // it, completes it (several workers: its exchange and commit) and raises
   // its error; join_pending() only waits for its thread.
@@ -474,6 +475,7 @@ struct Checkpoint::State::Save {
   std::string dir;
   CheckpointOptions options;
   std::int64_t save_counter = 0;  // as the manifest records it
+  std::string layout;             // as the manifest records it (read of the objects: the caller's thread)
   const void* owner = nullptr;    // the CheckpointManager whose save this is, if one
   Strategy* coord = nullptr;
   internal::WorkerPlace place;
@@ -515,6 +517,7 @@ std::unique_ptr<Checkpoint::State::Save> Checkpoint::State::prepare(const std::s
   sv.dir = fmt::dirname_of(prefix);
   sv.options = options;
   sv.save_counter = st.save_counter;
+  sv.layout = st.layout();
   sv.coord = st.coordinator();
   sv.place = sv.coord ? internal::worker_place(*sv.coord) : internal::WorkerPlace{};
   const bool copy = options.experimental_enable_async_checkpoint;
@@ -622,7 +625,7 @@ WriteResult Checkpoint::State::exchange_and_commit(Save& sv, const std::function
       fmt::Manifest m;
       m.save_counter = sv.save_counter;
       m.step = sv.options.step;
-      m.layout = layout();
+      m.layout = sv.layout;
       m.written_at = wall_clock();
       std::map<std::string, const fmt::ShardTensor*, std::less<>> by_key;
       for (const fmt::ShardTensor& t : sv.all) by_key[t.key] = &t;
@@ -704,7 +707,7 @@ void Checkpoint::State::write(const std::string& prefix, const CheckpointOptions
   }
   // The thread counts its file operations as the caller's (fault injection).
   sv.faults = internal::checkpoint_io::take_thread_faults();
-  sv.thread = std::thread([this, &sv] {
+  sv.thread = std::thread([&sv] {
     internal::checkpoint_io::put_thread_faults(sv.faults);
     try {
       if (sv.coord == nullptr) {
