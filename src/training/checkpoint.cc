@@ -333,39 +333,57 @@ struct Checkpoint::State {
   ~State();
 
   // Restores every key of the tracked objects that a restore newer than its
-  // value holds: all at once, after every tensor is read and checked (an
-  // error leaves every object as it was). Under several workers each step is
-  // agreed, so that an error on one worker is raised by all.
+  // value holds. Every tensor is read and checked before any object changes
+  // (an error leaves every object as it was), then read again, from the page
+  // cache, into one buffer that each tensor reuses and assigned: a restore
+  // holds one tensor's bytes beside the objects, never a second copy of the
+  // state, and touches no fresh memory per tensor. Under several workers
+  // each pass is agreed, so that an error on one worker is raised by all.
   void resolve() {
     if (restores.empty()) return;
     struct Pending {
       Owned owned;
       Restore* from;
-      Tensor value;
+      const CheckpointEntry* entry;
+      std::string dir;
     };
     std::vector<Pending> pending;
+    std::uint64_t largest = 0;
     for (Owned& o : owned(true)) {
       const auto done = restored_by.find(o.key);
       Restore* from = newest_with(o.key, done == restored_by.end() ? 0 : done->second);
       if (from == nullptr) continue;
-      pending.push_back({std::move(o), from, Tensor()});
+      const CheckpointEntry* e = from->by_key.find(o.key)->second;
+      largest = std::max(largest, e->size);
+      pending.push_back({std::move(o), from, e, fmt::dirname_of(from->prefix)});
     }
     if (pending.empty()) return;
+    // The buffer, as a tensor of each entry's dtype and shape in turn.
+    std::shared_ptr<std::byte> buffer(new std::byte[std::max<std::uint64_t>(largest, 1)],
+                                      std::default_delete<std::byte[]>());
+    auto in_buffer = [&](const Pending& p) { return Tensor::from_shared(buffer, p.entry->dtype, p.entry->shape); };
+    std::map<std::string, fmt::TensorReader> readers;  // one per directory: each shard opened once
+    auto read = [&](const Pending& p) {
+      readers.try_emplace(p.dir, p.dir).first->second.read_into(*p.entry, buffer.get());
+    };
     agree(coordinator(), "Checkpoint.restore", [&] {
-      std::map<std::string, fmt::TensorReader> readers;  // one per directory: each shard opened once
-      for (Pending& p : pending) {
-        const CheckpointEntry& e = *p.from->by_key.find(p.owned.key)->second;
-        const std::string dir = fmt::dirname_of(p.from->prefix);
-        p.value = readers.try_emplace(dir, dir).first->second.read(e);
-        check_fits(p.owned, p.value, p.from->prefix);
+      for (const Pending& p : pending) {
+        check_fits(p.owned, in_buffer(p), p.from->prefix);
+        read(p);
       }
       return std::string();
     });
-    for (Pending& p : pending) {
-      assign(p.owned, p.value);
-      p.from->consumed.insert(p.owned.key);
-      restored_by[p.owned.key] = p.from->id;
-    }
+    // Only bytes changed on disk since the first pass fail here (checked
+    // again: bytes that do not match their CRC are never assigned).
+    agree(coordinator(), "Checkpoint.restore", [&] {
+      for (Pending& p : pending) {
+        read(p);
+        assign(p.owned, in_buffer(p));
+        p.from->consumed.insert(p.owned.key);
+        restored_by[p.owned.key] = p.from->id;
+      }
+      return std::string();
+    });
   }
 };
 

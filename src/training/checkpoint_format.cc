@@ -380,6 +380,12 @@ TensorReader::TensorReader(std::string dir) : dir_(std::move(dir)) {}
 TensorReader::~TensorReader() = default;
 
 Tensor TensorReader::read(const CheckpointEntry& e) {
+  Tensor t = Tensor::uninitialized(e.dtype, e.shape);
+  read_into(e, t.mutable_raw_data());
+  return t;
+}
+
+void TensorReader::read_into(const CheckpointEntry& e, void* dst) {
   const std::string path = join_path(dir_, e.file);
   auto it = shards_.find(e.file);
   if (it == shards_.end()) it = shards_.emplace(e.file, std::make_unique<Shard>(path, e.key)).first;
@@ -387,17 +393,15 @@ Tensor TensorReader::read(const CheckpointEntry& e) {
   if (std::string problem = header_disagreement(shard.header, e); !problem.empty()) {
     throw DataLossError("checkpoint shard '" + path + "': " + problem);
   }
-  Tensor t = Tensor::uninitialized(e.dtype, e.shape);
-  if (!read_at(shard.in.fd, t.mutable_raw_data(), e.size, shard.header.data_start() + e.offset, path)) {
+  if (!read_at(shard.in.fd, dst, e.size, shard.header.data_start() + e.offset, path)) {
     throw DataLossError("checkpoint shard '" + path + "' is truncated: tensor '" + e.key + "' ends past its end");
   }
-  const std::uint32_t crc = crc32c(t.raw_data(), e.size);
+  const std::uint32_t crc = crc32c(dst, e.size);
   if (crc != e.crc32c) {
     char buf[96];
     std::snprintf(buf, sizeof buf, " (CRC32C 0x%08x, the manifest says 0x%08x)", crc, e.crc32c);
     throw DataLossError("checkpoint shard '" + path + "': the bytes of tensor '" + e.key + "' are corrupted" + buf);
   }
-  return t;
 }
 
 Tensor read_tensor(const std::string& dir, const CheckpointEntry& e) { return TensorReader(dir).read(e); }

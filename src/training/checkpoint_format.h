@@ -79,6 +79,10 @@ class TensorReader {
   TensorReader(const TensorReader&) = delete;
   TensorReader& operator=(const TensorReader&) = delete;
   Tensor read(const CheckpointEntry& e);
+  // The bytes of `e` (e.size of them) into `dst`, checked against its CRC32C:
+  // a restore reads into memory it touched before (fresh memory costs a page
+  // fault per 4 KiB on first touch).
+  void read_into(const CheckpointEntry& e, void* dst);
 
  private:
   struct Shard;
