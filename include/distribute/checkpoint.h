@@ -21,7 +21,8 @@
 // count restores under any other. Keys follow TF's object graph:
 // "<path>/.ATTRIBUTES/VARIABLE_VALUE", slots under
 // "<var path>/.OPTIMIZER_SLOT/<optimizer path>/<slot>/.ATTRIBUTES/VARIABLE_VALUE",
-// an optimizer's step count as "<optimizer path>/iter/...".
+// an optimizer's step count as "<optimizer path>/iter/...", a dataset's
+// position as "<path>/.ATTRIBUTES/ITERATOR_STATE" (int64 [pass, step, ended]).
 //
 // Format (docs/checkpoints.md): prefix P is the JSON manifest "P.index.json"
 // (each tensor's key, shard, dtype, shape, CRC32C; the step and the layout
@@ -53,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "distribute/input.h"
 #include "distribute/optimizers.h"
 #include "distribute/tensor.h"
 #include "distribute/variables.h"
@@ -60,18 +62,21 @@
 namespace distribute::train {
 
 // What a Checkpoint holds under a name: a variable (a handle: the checkpoint
-// refers to the same variable) or an optimizer (by reference: it must
-// outlive the checkpoint's saves and restores).
+// refers to the same variable), or an optimizer or a distributed dataset
+// (by reference: it must outlive the checkpoint's saves and restores).
 class Trackable {
  public:
-  Trackable(const Variable& variable) : variable_(variable) {}  // NOLINT: implicit, as keyword arguments
-  Trackable(Optimizer& optimizer) : optimizer_(&optimizer) {}   // NOLINT: implicit
+  Trackable(const Variable& variable) : variable_(variable) {}    // NOLINT: implicit, as keyword arguments
+  Trackable(Optimizer& optimizer) : optimizer_(&optimizer) {}     // NOLINT: implicit
+  Trackable(DistributedDataset& dataset) : dataset_(&dataset) {}  // NOLINT: implicit
   const Variable* variable() const { return variable_ ? &*variable_ : nullptr; }
   Optimizer* optimizer() const { return optimizer_; }
+  DistributedDataset* dataset() const { return dataset_; }
 
  private:
   std::optional<Variable> variable_;
   Optimizer* optimizer_ = nullptr;
+  DistributedDataset* dataset_ = nullptr;
 };
 
 struct CheckpointOptions {

@@ -82,6 +82,13 @@ using DatasetFn = std::function<BatchFn()>;
 // one-shot source (a BatchFn) continues where it stopped, and begin() after
 // it was exhausted raises FailedPreconditionError rather than giving an
 // empty epoch. Under several workers, every worker starts its passes alike.
+//
+// A train::Checkpoint keeps its position (which pass, how many steps into
+// it), as TF's checkpointable iterators: restored into a dataset made
+// alike and not yet read from, it draws again and drops the batches taken
+// before, so a source that gives the same batches again (the same data,
+// seeds fixed per pass) resumes exactly. The first begin() after such a
+// restore continues the restored pass rather than starting another.
 class DistributedDataset {
  public:
   // The next step's batches of the current pass (the first pass, if none
@@ -115,9 +122,12 @@ class DistributedDataset {
       : source_(std::move(first)), again_(std::move(again)), api_(std::move(api)) {}
   std::shared_ptr<internal::DatasetSource> source_;  // the current pass
   MakePass again_;
-  std::string api_;     // the call that made it, for errors
-  bool begun_ = false;  // the current pass has been read from
-  bool ended_ = false;  // the current pass has returned nullopt
+  std::string api_;          // the call that made it, for errors
+  bool begun_ = false;       // the current pass has been read from
+  bool ended_ = false;       // the current pass has returned nullopt
+  std::int64_t passes_ = 0;  // passes begun before the current one
+  std::int64_t steps_ = 0;   // get_next() calls of the current pass that gave batches
+  bool resumed_ = false;     // a restore left the current pass part read: begin() continues it
 };
 
 namespace internal {

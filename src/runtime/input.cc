@@ -95,6 +95,11 @@ std::int64_t batch_rows(const Nest<Tensor>& batch, std::string_view api) {
 struct internal::DatasetSource {
   virtual ~DatasetSource() = default;
   virtual std::optional<PerReplica<Nest<Tensor>>> next() = 0;
+  // Draws what `steps` calls of next() that gave batches drew (and, if
+  // `ended`, the call after them that found none), on this worker alone,
+  // and drops it. Returns the steps that had data, where this source can
+  // tell (else `steps`).
+  virtual std::int64_t skip(std::int64_t steps, bool ended) = 0;
 };
 
 namespace {
@@ -206,6 +211,15 @@ class RebatchSource final : public internal::DatasetSource {
     return PerReplica<Nest<Tensor>>(std::move(out));
   }
 
+  // Every worker draws each global batch: the batches are counted here.
+  std::int64_t skip(std::int64_t steps, bool ended) override {
+    std::int64_t had = 0;
+    for (; had < steps + (ended ? 1 : 0) && !exhausted_; ++had) exhausted_ = !batches_();
+    if (exhausted_) --had;                       // (the call that found none)
+    if (ended && !exhausted_) return steps + 1;  // data where the saved pass had ended
+    return had;
+  }
+
  private:
   internal::StrategyRef strategy_;
   BatchFn batches_;
@@ -226,20 +240,7 @@ class PipelineSource final : public internal::DatasetSource {
     std::vector<std::optional<Nest<Tensor>>> got;
     bool any = false;
     LocalFailure failure;
-    failure.run(
-        [&] {
-          for (int i = 0; i < s.num_local_replicas(); ++i) {
-            got.push_back(exhausted_ ? std::nullopt : batches_());
-            if (!got.back()) {
-              exhausted_ = true;
-            } else {
-              batch_rows(*got.back(), "distribute_datasets_from_function");
-              last_ = *got.back();
-              any = true;
-            }
-          }
-        },
-        "distribute_datasets_from_function");
+    failure.run([&] { any = draw(s.num_local_replicas(), &got); }, "distribute_datasets_from_function");
     // "1": batches this step; "0": none, but an earlier batch gives the
     // structure of empty ones; "x": none ever.
     const std::vector<std::string> all = failure.exchange(s,
@@ -271,7 +272,35 @@ class PipelineSource final : public internal::DatasetSource {
     return PerReplica<Nest<Tensor>>(std::move(out));
   }
 
+  // A step counts when any worker had data, so this worker's pipeline may
+  // have ended before: the draws are made again as next() made them,
+  // uncounted.
+  std::int64_t skip(std::int64_t steps, bool ended) override {
+    const int local =
+        strategy_.get("the distributed dataset of distribute_datasets_from_function").num_local_replicas();
+    for (std::int64_t i = 0; i < steps + (ended ? 1 : 0); ++i) draw(local, nullptr);
+    return steps;
+  }
+
  private:
+  // One step's batches of this worker's replicas (into `got`, if given);
+  // whether any replica had one.
+  bool draw(int replicas, std::vector<std::optional<Nest<Tensor>>>* got) {
+    bool any = false;
+    for (int i = 0; i < replicas; ++i) {
+      std::optional<Nest<Tensor>> b = exhausted_ ? std::nullopt : batches_();
+      if (!b) {
+        exhausted_ = true;
+      } else {
+        batch_rows(*b, "distribute_datasets_from_function");
+        last_ = *b;
+        any = true;
+      }
+      if (got != nullptr) got->push_back(std::move(b));
+    }
+    return any;
+  }
+
   internal::StrategyRef strategy_;
   BatchFn batches_;
   bool exhausted_ = false;
@@ -286,14 +315,20 @@ std::optional<PerReplica<Nest<Tensor>>> DistributedDataset::get_next() {
   auto batch = source_->next();
   begun_ = true;
   ended_ = !batch;
+  resumed_ = false;
+  if (batch) ++steps_;
   return batch;
 }
 
 DistributedDataset::iterator DistributedDataset::begin() {
-  if (begun_ && again_) {
+  if (resumed_) {
+    resumed_ = false;  // the pass a restore left part read goes on
+  } else if (begun_ && again_) {
     source_ = again_();  // a new pass, from the start
     begun_ = false;
     ended_ = false;
+    ++passes_;
+    steps_ = 0;
   } else if (ended_) {
     throw FailedPreconditionError(api_ +
                                   ": the dataset's batch function (a BatchFn) was exhausted by an earlier pass and "
@@ -311,6 +346,49 @@ DistributedDataset::iterator& DistributedDataset::iterator::operator++() {
   current_ = dataset_->get_next();
   return *this;
 }
+
+// ---- Position, for checkpoints ------------------------------------------------------------
+
+namespace internal {
+
+DatasetPosition Access::dataset_position(const DistributedDataset& d) { return {d.passes_, d.steps_, d.ended_}; }
+
+std::string Access::why_not_restorable(const DistributedDataset& d, const DatasetPosition& p) {
+  if (p.pass < 0 || p.steps < 0) {
+    return "the saved position (pass " + std::to_string(p.pass) + ", step " + std::to_string(p.steps) +
+           ") is not one a dataset can have";
+  }
+  if (d.begun_ || d.passes_ > 0) {
+    return "the dataset has been read from (pass " + std::to_string(d.passes_) + ", step " + std::to_string(d.steps_) +
+           "); restore into a dataset made alike and not yet read from";
+  }
+  if (p.pass > 0 && !d.again_) {
+    return "it was saved in pass " + std::to_string(p.pass) +
+           " of a dataset iterated again, and this one's source (a BatchFn) gives one pass; make it from a DatasetFn";
+  }
+  return {};
+}
+
+void Access::restore_dataset_passes(DistributedDataset& d, const DatasetPosition& p) {
+  for (; d.passes_ < p.pass; ++d.passes_) d.source_ = d.again_();
+}
+
+void Access::restore_dataset_steps(DistributedDataset& d, const DatasetPosition& p, std::string_view what) {
+  const std::int64_t had = d.source_->skip(p.steps, p.ended);
+  if (had != p.steps) {
+    throw FailedPreconditionError(
+        std::string(what) + ": the checkpoint's position is step " + std::to_string(p.steps) +
+        (p.ended ? " at the end" : "") + " of pass " + std::to_string(p.pass) + ", but the source's pass " +
+        (had < p.steps ? "ends after " + std::to_string(had) + " batches" : std::string("goes on past that end")) +
+        ": it does not give the batches it gave when saved");
+  }
+  d.steps_ = p.steps;
+  d.ended_ = p.ended;
+  d.begun_ = p.steps > 0 || p.ended;
+  d.resumed_ = d.begun_ && !p.ended;
+}
+
+}  // namespace internal
 
 // ---- Strategy members -------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ namespace {
 constexpr std::string_view kValueSuffix = "/.ATTRIBUTES/VARIABLE_VALUE";
 constexpr std::string_view kSlotEdge = "/.OPTIMIZER_SLOT/";
 constexpr std::string_view kSaveCounterKey = "save_counter/.ATTRIBUTES/VARIABLE_VALUE";
+constexpr std::string_view kIteratorSuffix = "/.ATTRIBUTES/ITERATOR_STATE";
 
 double wall_clock() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -98,6 +99,7 @@ std::string pretty_path(std::string_view path) {
 std::string pretty_key(const std::string& key) {
   std::string_view k = key;
   if (k.ends_with(kValueSuffix)) k.remove_suffix(kValueSuffix.size());
+  if (k.ends_with(kIteratorSuffix)) k.remove_suffix(kIteratorSuffix.size());
   const auto slot = k.find(kSlotEdge);
   if (slot == std::string_view::npos) return pretty_path(k);
   const std::string_view var = k.substr(0, slot);
@@ -141,13 +143,24 @@ std::vector<std::string> agree(Strategy* s, std::string_view api, const std::fun
 
 // What a tracked object holds under one key.
 struct Owned {
-  enum class Kind { kVariable, kIterations, kSlot, kSaveCounter };
+  enum class Kind { kVariable, kIterations, kSlot, kSaveCounter, kDataset };
   Kind kind;
   std::string key;
-  const Variable* variable = nullptr;  // kVariable, kSlot: the model variable
-  Optimizer* optimizer = nullptr;      // kIterations, kSlot
-  std::size_t slot = 0;                // kSlot: index in slot_names()
+  const Variable* variable = nullptr;     // kVariable, kSlot: the model variable
+  Optimizer* optimizer = nullptr;         // kIterations, kSlot
+  std::size_t slot = 0;                   // kSlot: index in slot_names()
+  DistributedDataset* dataset = nullptr;  // kDataset
+  std::string name;                       // kDataset: as tracked, for errors
 };
+
+// A dataset's position as saved: int64 [pass, step, ended].
+Tensor position_tensor(const internal::DatasetPosition& p) {
+  return constant(std::vector<std::int64_t>{p.pass, p.steps, p.ended ? 1 : 0}, Shape{3});
+}
+internal::DatasetPosition position_of(const Tensor& t) {
+  const auto v = t.flat<std::int64_t>();
+  return {v[0], v[1], v[2] != 0};
+}
 
 struct WriteResult {
   std::string commit_payload;  // what the committing worker's hook returned
@@ -216,6 +229,11 @@ struct Checkpoint::State {
     for (const Object& o : objects) {
       if (const Variable* v = o.object.variable()) {
         out.push_back({Owned::Kind::kVariable, o.path + std::string(kValueSuffix), v});
+      } else if (DistributedDataset* d = o.object.dataset()) {
+        out.push_back({.kind = Owned::Kind::kDataset,
+                       .key = o.path + std::string(kIteratorSuffix),
+                       .dataset = d,
+                       .name = o.name});
       } else if (Optimizer* opt = o.object.optimizer()) {
         out.push_back({Owned::Kind::kIterations, o.path + "/iter" + std::string(kValueSuffix), nullptr, opt});
         const std::vector<std::string> names = CheckpointAccess::slot_names(*opt);
@@ -258,6 +276,7 @@ struct Checkpoint::State {
         return {of_variable(slot), slot.name()};
       }
       case Owned::Kind::kSaveCounter: return {constant(save_counter), "save_counter"};
+      case Owned::Kind::kDataset: return {position_tensor(internal::Access::dataset_position(*o.dataset)), o.name};
     }
     throw InternalError("Checkpoint: unknown kind of value");
   }
@@ -279,6 +298,9 @@ struct Checkpoint::State {
           "slot '" + CheckpointAccess::slot_names(*o.optimizer)[o.slot] + "' of variable '" + o.variable->name() + "'";
     } else if (o.kind == Owned::Kind::kIterations) {
       what = std::string(o.optimizer->name()) + ".iterations";
+    } else if (o.kind == Owned::Kind::kDataset) {
+      shape = Shape{3};
+      what = "the position of dataset '" + o.name + "'";
     }
     if (t.dtype() != want || t.shape() != shape) {
       throw InvalidArgumentError("Checkpoint.restore from " + prefix + ": '" + o.key + "' holds " +
@@ -296,6 +318,7 @@ struct Checkpoint::State {
         return;
       }
       case Owned::Kind::kSaveCounter: save_counter = t.scalar<std::int64_t>(); return;
+      case Owned::Kind::kDataset: break;  // (resolve() moves a dataset, after every other object)
     }
   }
 
@@ -366,24 +389,49 @@ struct Checkpoint::State {
     auto read = [&](const Pending& p) {
       readers.try_emplace(p.dir, p.dir).first->second.read_into(*p.entry, buffer.get());
     };
+    std::vector<std::pair<const Pending*, internal::DatasetPosition>> datasets;
     agree(coordinator(), "Checkpoint.restore", [&] {
       for (const Pending& p : pending) {
         check_fits(p.owned, in_buffer(p), p.from->prefix);
         read(p);
+        if (p.owned.kind != Owned::Kind::kDataset) continue;
+        const internal::DatasetPosition at = position_of(in_buffer(p));
+        const std::string why = internal::Access::why_not_restorable(*p.owned.dataset, at);
+        if (!why.empty()) {
+          throw FailedPreconditionError("Checkpoint.restore from " + p.from->prefix + ": dataset '" + p.owned.name +
+                                        "' cannot take its saved position: " + why);
+        }
+        datasets.emplace_back(&p, at);
       }
       return std::string();
     });
+    auto restored = [&](const Pending& p) {
+      p.from->consumed.insert(p.owned.key);
+      restored_by[p.owned.key] = p.from->id;
+    };
     // Only bytes changed on disk since the first pass fail here (checked
     // again: bytes that do not match their CRC are never assigned).
     agree(coordinator(), "Checkpoint.restore", [&] {
-      for (Pending& p : pending) {
+      for (const Pending& p : pending) {
+        if (p.owned.kind == Owned::Kind::kDataset) continue;
         read(p);
         assign(p.owned, in_buffer(p));
-        p.from->consumed.insert(p.owned.key);
-        restored_by[p.owned.key] = p.from->id;
+        restored(p);
       }
       return std::string();
     });
+    // Datasets last: their passes may be collectives of their own, and a
+    // source that no longer gives its saved batches is found only by
+    // drawing them (the other objects then hold the checkpoint's values).
+    for (const auto& [p, at] : datasets) {
+      internal::Access::restore_dataset_passes(*p->owned.dataset, at);
+      agree(coordinator(), "Checkpoint.restore", [&, p = p, at = at] {
+        internal::Access::restore_dataset_steps(
+            *p->owned.dataset, at, "Checkpoint.restore from " + p->from->prefix + ": dataset '" + p->owned.name + "'");
+        return std::string();
+      });
+      restored(*p);
+    }
   }
 };
 
@@ -555,7 +603,12 @@ std::unique_ptr<Checkpoint::State::Save> Checkpoint::State::prepare(const std::s
   for (const Owned& o : owned) {
     if (!Checkpoint::State::exists(o)) continue;
     auto [value, full_name] = st.value_of(o);
-    digest += o.key + ' ' + describe(value.dtype(), value.shape()) + '\n';
+    digest += o.key + ' ' + describe(value.dtype(), value.shape());
+    if (o.kind == Owned::Kind::kDataset) {
+      // Every worker's dataset is at one position (get_next is a collective).
+      for (const std::int64_t x : value.flat<std::int64_t>()) digest += ' ' + std::to_string(x);
+    }
+    digest += '\n';
     if (copy) value = st.host_copy(o.key, value);
     sv.all.push_back({o.key, std::move(full_name), std::move(value)});
   }
@@ -565,8 +618,10 @@ std::unique_ptr<Checkpoint::State::Save> Checkpoint::State::prepare(const std::s
   });
   for (std::size_t w = 1; w < digests.size(); ++w) {
     if (digests[w] != digests[0]) {
-      throw InvalidArgumentError("Checkpoint.save of " + prefix + ": worker " + std::to_string(w) +
-                                 " saves other tensors than worker 0 (every worker must track the same objects)");
+      throw InvalidArgumentError(
+          "Checkpoint.save of " + prefix + ": worker " + std::to_string(w) +
+          " saves other tensors than worker 0 (every worker must track the same objects, and their datasets "
+          "be at one position)");
     }
   }
 

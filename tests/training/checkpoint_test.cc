@@ -1151,5 +1151,230 @@ TEST(CheckpointWorkersTest, AsynchronousSavesCommitAtTheNextSyncPoint) {
   EXPECT_EQ(leftovers(dir.path()), std::vector<std::string>{});
 }
 
+// ---- Datasets ---------------------------------------------------------------
+
+// `batches` global batches of 4 rows a pass; row r of batch b in pass p
+// holds p * 1000 + b * 4 + r, the pass counted by the DatasetFn itself (as
+// a shuffle seeded per epoch would be).
+DatasetFn counting_passes(int batches) {
+  return [batches, pass = 0]() mutable {
+    const int p = pass++;
+    return BatchFn([batches, p, b = 0]() mutable -> std::optional<Nest<Tensor>> {
+      if (b == batches) return std::nullopt;
+      std::vector<float> rows;
+      for (int r = 0; r < 4; ++r) rows.push_back(static_cast<float>(p * 1000 + b * 4 + r));
+      ++b;
+      return Nest<Tensor>(constant(rows, Shape{4}));
+    });
+  };
+}
+
+// Every local replica's rows of one step, in replica order.
+std::vector<float> rows_of(const PerReplica<Nest<Tensor>>& batch) {
+  std::vector<float> rows;
+  for (const Nest<Tensor>& n : batch.values()) {
+    const auto f = n.leaf().flat<float>();
+    rows.insert(rows.end(), f.begin(), f.end());
+  }
+  return rows;
+}
+
+// A training loop over `d` as a user writes it: epochs from the completed
+// count `epoch` holds, each a range-for over a pass. `at_step(steps so far)`
+// runs after each step and after each epoch (saves go there).
+std::vector<std::vector<float>> loop(DistributedDataset& d, Variable& epoch, int epochs,
+                                     const std::function<void(std::size_t)>& at_step = {}) {
+  std::vector<std::vector<float>> seen;
+  for (auto e = epoch.read_value().scalar<std::int64_t>(); e < epochs; ++e) {
+    for (const auto& batch : d) {
+      seen.push_back(rows_of(batch));
+      if (at_step) at_step(seen.size());
+    }
+    epoch.assign(constant(e + 1));
+    if (at_step) at_step(seen.size());
+  }
+  return seen;
+}
+
+// Saved after any step, or between epochs, and restored under another
+// layout into a dataset made alike: the loop goes on with exactly the
+// batches that an uninterrupted loop gives next.
+TEST(CheckpointDatasetTest, AResumedLoopGivesTheBatchesThatFollow) {
+  TempDir dir;
+  auto two = mirrored(2);
+  DistributedDataset d = two->experimental_distribute_dataset(counting_passes(5), 4);
+  Variable epoch(constant(std::int64_t{0}));
+  Checkpoint ckpt({{"data", d}, {"epoch", epoch}});
+  std::vector<std::size_t> steps_at;  // the steps taken before each save
+  const auto all = loop(d, epoch, 3, [&](std::size_t steps) {
+    ckpt.write(dir / ("at-" + std::to_string(steps_at.size())));
+    steps_at.push_back(steps);
+  });
+  ASSERT_EQ(all.size(), 15U);
+  ASSERT_EQ(steps_at.size(), 18U);  // after each of 5 steps and each of 3 epochs
+  EXPECT_EQ(all[7][0], 1008.f);     // pass 1, batch 2
+  for (std::size_t i = 0; i < steps_at.size(); ++i) {
+    for (const int replicas : {1, 4}) {
+      SCOPED_TRACE("save " + std::to_string(i) + " restored under " + std::to_string(replicas) + " replicas");
+      auto s = mirrored(replicas);
+      DistributedDataset again = s->experimental_distribute_dataset(counting_passes(5), 4);
+      Variable resumed_epoch(constant(std::int64_t{0}));
+      Checkpoint restored({{"data", again}, {"epoch", resumed_epoch}});
+      restored.read(dir / ("at-" + std::to_string(i))).assert_consumed();
+      const auto rest = loop(again, resumed_epoch, 3);
+      const std::vector<std::vector<float>> expected(all.begin() + static_cast<std::ptrdiff_t>(steps_at[i]), all.end());
+      EXPECT_EQ(rest, expected);
+    }
+  }
+  // The position as saved: the last checkpoint ended pass 2 after 5 steps.
+  const Tensor at = CheckpointReader(dir / ("at-" + std::to_string(steps_at.size() - 1)))
+                        .get_tensor("data/.ATTRIBUTES/ITERATOR_STATE");
+  EXPECT_EQ(at.dtype(), DType::kInt64);
+  EXPECT_EQ(std::vector<std::int64_t>(at.flat<std::int64_t>().begin(), at.flat<std::int64_t>().end()),
+            (std::vector<std::int64_t>{2, 5, 1}));
+}
+
+// A dataset read from, a one-shot source for a later pass, a source that
+// gives fewer or more batches than it gave when saved: each a
+// FailedPreconditionError naming the dataset; the first two change nothing.
+TEST(CheckpointDatasetTest, APositionThatCannotBeTakenIsAClearError) {
+  TempDir dir;
+  auto s = mirrored(2);
+  {
+    DistributedDataset d = s->experimental_distribute_dataset(counting_passes(5), 4);
+    for (int e = 0; e < 2; ++e) {
+      for (const auto& b : d) (void)b;
+    }
+    auto it = d.begin();  // pass 2, its first step
+    ++it;
+    ++it;
+    ASSERT_EQ((*it).values()[0].leaf().flat<float>()[0], 2008.f);  // pass 2, step 3
+    Checkpoint({{"data", d}}).write(dir / "pass2");
+  }
+  {
+    DistributedDataset d = s->experimental_distribute_dataset(counting_passes(5), 4);
+    for (const auto& b : d) (void)b;  // pass 0, ended
+    Checkpoint({{"data", d}}).write(dir / "ended");
+  }
+  auto message = [&](DistributedDataset& d, const std::string& prefix) {
+    Checkpoint c({{"data", d}});
+    try {
+      c.read(prefix);
+    } catch (const FailedPreconditionError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  {
+    DistributedDataset used = s->experimental_distribute_dataset(counting_passes(5), 4);
+    (void)used.get_next();
+    const std::string m = message(used, dir / "pass2");
+    EXPECT_NE(m.find("dataset 'data' cannot take its saved position: the dataset has been read from"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(rows_of(*used.get_next())[0], 4.f);  // where it was
+  }
+  {
+    DistributedDataset one_shot = s->experimental_distribute_dataset(counting_passes(5)(), 4);
+    const std::string m = message(one_shot, dir / "pass2");
+    EXPECT_NE(m.find("saved in pass 2 of a dataset iterated again"), std::string::npos) << m;
+    EXPECT_EQ(rows_of(*one_shot.get_next())[0], 0.f);
+  }
+  {
+    DistributedDataset shorter = s->experimental_distribute_dataset(counting_passes(2), 4);
+    const std::string m = message(shorter, dir / "pass2");
+    EXPECT_NE(m.find("dataset 'data': the checkpoint's position is step 3 of pass 2, but the source's pass ends "
+                     "after 2 batches"),
+              std::string::npos)
+        << m;
+  }
+  {
+    DistributedDataset longer = s->experimental_distribute_dataset(counting_passes(6), 4);
+    const std::string m = message(longer, dir / "ended");
+    EXPECT_NE(m.find("step 5 at the end of pass 0, but the source's pass goes on past that end"), std::string::npos)
+        << m;
+  }
+  {
+    // A fresh one-shot source takes a position in its pass: here its end,
+    // after which it is exhausted as the saved one was.
+    DistributedDataset one_shot = s->experimental_distribute_dataset(counting_passes(5)(), 4);
+    Checkpoint({{"data", one_shot}}).read(dir / "ended").assert_consumed();
+    EXPECT_FALSE(one_shot.get_next().has_value());
+    EXPECT_THROW(one_shot.begin(), FailedPreconditionError);
+  }
+}
+
+// Under two workers every worker saves its dataset's position (one, as
+// get_next keeps them in step); restored under two workers each goes on
+// with its own rows, and under one process with the global batches.
+TEST(CheckpointWorkersTest, DatasetsResumeAcrossWorkersAndLayouts) {
+  TempDir dir;
+  std::vector<std::vector<std::vector<float>>> tail_of(2), pipeline_tail_of(2);
+  auto pipeline = [](const InputContext& c) {
+    return BatchFn([id = c.input_pipeline_id(), b = 0]() mutable -> std::optional<Nest<Tensor>> {
+      if (b == 4) return std::nullopt;
+      return Nest<Tensor>(constant(std::vector<float>{static_cast<float>(id * 100 + b++)}, Shape{1}));
+    });
+  };
+  const auto saved = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
+    WorkerModel model(s);
+    DistributedDataset d = s.experimental_distribute_dataset(counting_passes(12), 4);
+    DistributedDataset p = s.distribute_datasets_from_function(pipeline);
+    Variable epoch(constant(std::int64_t{0}));
+    Checkpoint ckpt({{"w", *model.w}, {"data", d}, {"pipeline", p}, {"epoch", epoch}});
+    for (int i = 0; i < 7; ++i) (void)d.get_next();  // pass 0 read with get_next: step 7
+    for (int i = 0; i < 2; ++i) (void)p.get_next();
+    ckpt.write(dir / "mid");
+    for (int i = 0; i < 3; ++i) tail_of[static_cast<std::size_t>(worker)].push_back(rows_of(*d.get_next()));
+    for (int i = 0; i < 2; ++i) pipeline_tail_of[static_cast<std::size_t>(worker)].push_back(rows_of(*p.get_next()));
+  });
+  for (const auto& e : saved) ASSERT_FALSE(e) << testing::message_of(e);
+  const auto again = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
+    WorkerModel model(s);
+    DistributedDataset d = s.experimental_distribute_dataset(counting_passes(12), 4);
+    DistributedDataset p = s.distribute_datasets_from_function(pipeline);
+    Checkpoint ckpt({{"w", *model.w}, {"data", d}, {"pipeline", p}});
+    ckpt.read(dir / "mid").expect_partial();
+    std::vector<std::vector<float>> tail, pipeline_tail;
+    for (int i = 0; i < 3; ++i) tail.push_back(rows_of(*d.get_next()));
+    for (int i = 0; i < 2; ++i) pipeline_tail.push_back(rows_of(*p.get_next()));
+    EXPECT_FALSE(p.get_next().has_value());
+    EXPECT_EQ(tail, tail_of[static_cast<std::size_t>(worker)]);
+    EXPECT_EQ(pipeline_tail, pipeline_tail_of[static_cast<std::size_t>(worker)]);
+  });
+  for (const auto& e : again) ASSERT_FALSE(e) << testing::message_of(e);
+  EXPECT_EQ(tail_of[0][0], (std::vector<float>{28, 29}));  // pass 0, batch 7, worker 0's two rows
+  EXPECT_EQ(pipeline_tail_of[1][0], (std::vector<float>{102}));
+  auto single = mirrored(2);
+  DistributedDataset d = single->experimental_distribute_dataset(counting_passes(12), 4);
+  Checkpoint({{"data", d}}).read(dir / "mid").expect_partial();
+  EXPECT_EQ(rows_of(*d.get_next()), (std::vector<float>{28, 29, 30, 31}));
+}
+
+// Workers whose tracked datasets stand at different steps (worker 1 read
+// another dataset in the same collectives) are refused on every worker.
+TEST(CheckpointWorkersTest, DatasetsAtDifferentPositionsAreRefused) {
+  TempDir dir;
+  std::vector<std::string> messages(2);
+  const auto errors = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
+    WorkerModel model(s);
+    DistributedDataset a = s.experimental_distribute_dataset(counting_passes(5), 4);
+    DistributedDataset b = s.experimental_distribute_dataset(counting_passes(5), 4);
+    (void)(worker == 0 ? a : b).get_next();
+    Checkpoint ckpt({{"w", *model.w}, {"data", a}});
+    try {
+      ckpt.write(dir / "mixed");
+    } catch (const InvalidArgumentError& e) {
+      messages[static_cast<std::size_t>(worker)] = e.what();
+    }
+  });
+  for (const auto& e : errors) ASSERT_FALSE(e) << testing::message_of(e);
+  for (const std::string& m : messages) {
+    EXPECT_NE(m.find("worker 1 saves other tensors than worker 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("datasets be at one position"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir / "mixed.index.json"));
+}
+
 }  // namespace
 }  // namespace distribute
