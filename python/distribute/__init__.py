@@ -213,21 +213,63 @@ class DistributedDataset:
     the source, so `for epoch ...: for batch in dataset:` sees every batch in
     every epoch. A source that cannot start again (a generator, an iterator)
     gives one pass; a second pass after it was exhausted raises ValueError
-    rather than an empty epoch."""
+    rather than an empty epoch. The passes are taken one after another: an
+    iterator of an earlier pass raises RuntimeError once a later one began.
 
-    def __init__(self, make_pass):
-        self._make_pass = make_pass  # () -> the C++ dataset of one new pass
-        # The first pass is made now, as TF makes the dataset (under several
-        # workers, dataset_fn's failure on one is raised here by all).
-        self._first = make_pass()
+    A distribute.train.Checkpoint keeps its position (the pass, the steps
+    into it), given the dataset or an iterator of it: restored into a dataset
+    made alike and not read yet, it draws the batches before again, and the
+    next iterator continues the restored pass (docs/checkpoints.md)."""
+
+    def __init__(self, impl):
+        # One engine dataset for every pass; its first pass is made now, as
+        # TF makes the dataset (under several workers, dataset_fn's failure
+        # on one is raised here by all).
+        self._impl = impl
+        self._generation = 0  # of the pass the newest iterator began
 
     def __iter__(self):
-        impl, self._first = (self._first, None) if self._first is not None else (self._make_pass(), None)
-        while True:
-            batch = impl._next()
-            if batch is None:
-                return
-            yield regroup(batch)
+        return DistributedIterator(self)
+
+
+class DistributedIterator:
+    """One pass over a DistributedDataset (what iter(dataset) gives, as TF's
+    DistributedIterator): next() gives the next batch; get_next() raises
+    OutOfRangeError at the end, as TF's does."""
+
+    def __init__(self, dataset):
+        self._dataset = dataset
+        self._generation = None  # set when its pass begins, at the first next()
+
+    @property
+    def _impl(self):
+        return self._dataset._impl
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        dataset = self._dataset
+        if self._generation is None:
+            dataset._generation += 1
+            self._generation = dataset._generation
+            batch = dataset._impl._begin()
+        elif self._generation != dataset._generation:
+            raise RuntimeError(
+                "DistributedIterator: a later pass over its dataset began (another iter() was read from); "
+                "the passes of a distributed dataset are taken one after another"
+            )
+        else:
+            batch = dataset._impl._next()
+        if batch is None:
+            raise StopIteration
+        return regroup(batch)
+
+    def get_next(self):
+        try:
+            return next(self)
+        except StopIteration:
+            raise errors.OutOfRangeError("End of sequence") from None
 
 
 _END = object()
@@ -307,7 +349,7 @@ def _distribute_dataset(self, dataset, options=None, global_batch_size=None):
         leaf = None if peeked is _END else _first_leaf(peeked)
         global_batch_size = self.num_replicas_in_sync if leaf is None else len(leaf)
     passes = _Passes(dataset, api, first_iterator, peeked)
-    return DistributedDataset(lambda: self._distribute_dataset(passes.next_pass(), int(global_batch_size)))
+    return DistributedDataset(self._distribute_dataset(passes.next_pass, int(global_batch_size)))
 
 
 def _datasets_from_function(self, dataset_fn, options=None):
@@ -331,7 +373,7 @@ def _datasets_from_function(self, dataset_fn, options=None):
             made.append(_Passes(source, api))
         return made[0].next_pass()
 
-    return DistributedDataset(lambda: self._datasets_from_function(pipeline))
+    return DistributedDataset(self._datasets_from_function(pipeline))
 
 
 def _method(cls, name, fn):
@@ -493,6 +535,7 @@ __all__ = [
     "LearningRateSchedule",
     "PiecewiseConstantDecay",
     "DistributedDataset",
+    "DistributedIterator",
     "IndexedSlices",
     "InputContext",
     "MirroredVariable",

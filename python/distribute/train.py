@@ -20,7 +20,7 @@ import os as _os
 
 from . import errors as _errors
 from ._distribute import CheckpointEntry, CheckpointOptions, CheckpointReader, Optimizer, Variable
-from ._distribute import _Checkpoint, _CheckpointManager
+from ._distribute import _Checkpoint, _CheckpointManager, _DistributedDataset
 from ._distribute import latest_checkpoint as _latest_checkpoint
 
 __all__ = [
@@ -37,9 +37,14 @@ __all__ = [
 
 
 def _leaves(name, value, out):
-    """(path, object) for every Variable and Optimizer in `value`, a nest."""
+    """(path, object) for every Variable, Optimizer and dataset in `value`, a nest
+    (a DistributedDataset or DistributedIterator is tracked as its engine dataset)."""
     if isinstance(value, (Variable, Optimizer)):
         out.append((name, value))
+    elif isinstance(value, _DistributedDataset):
+        out.append((name, value))
+    elif isinstance(getattr(value, "_impl", None), _DistributedDataset):
+        out.append((name, value._impl))
     elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str) or not key:
@@ -50,7 +55,8 @@ def _leaves(name, value, out):
             _leaves(f"{name}/{index}", item, out)
     else:
         raise TypeError(
-            f"Checkpoint: '{name}' must be a Variable, an Optimizer, or a dict, list or tuple of them; "
+            f"Checkpoint: '{name}' must be a Variable, an Optimizer, a distributed dataset or iterator, or a dict, "
+            "list or tuple of them; "
             f"got {type(value).__name__}"
         )
     return out
@@ -139,7 +145,7 @@ class Checkpoint:
             return
         leaves = _leaves(name, value, [])
         if not leaves:
-            raise ValueError(f"Checkpoint: '{name}' holds no Variable or Optimizer")
+            raise ValueError(f"Checkpoint: '{name}' holds no Variable, Optimizer or dataset")
         for path, leaf in leaves:
             self._engine._track(path, leaf)
         # The engine holds optimizers by reference: they live as long as this.

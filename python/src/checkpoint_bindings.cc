@@ -18,12 +18,13 @@ namespace distribute::python {
 
 namespace {
 
-// A Variable or an Optimizer from Python; anything else is a TypeError that
-// names what was given.
+// A Variable, an Optimizer or a dataset from Python; anything else is a
+// TypeError that names what was given.
 train::Trackable trackable_of(const std::string& name, const py::handle& object) {
   if (py::isinstance<Variable>(object)) return train::Trackable(object.cast<const Variable&>());
   if (py::isinstance<Optimizer>(object)) return train::Trackable(object.cast<Optimizer&>());
-  throw py::type_error("Checkpoint: '" + name + "' must be a Variable or an Optimizer, got " +
+  if (py::isinstance<DistributedDataset>(object)) return train::Trackable(object.cast<DistributedDataset&>());
+  throw py::type_error("Checkpoint: '" + name + "' must be a Variable, an Optimizer or a dataset, got " +
                        std::string(py::str(object.get_type().attr("__name__"))));
 }
 

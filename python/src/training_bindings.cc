@@ -344,24 +344,45 @@ void bind_datasets(py::module_& m) {
       .def_property_readonly("num_replicas_in_sync", &InputContext::num_replicas_in_sync)
       .def("get_per_replica_batch_size", &InputContext::get_per_replica_batch_size)
       .def("__repr__", &InputContext::to_string);
-  py::class_<DistributedDataset>(m, "_DistributedDataset").def("_next", [](DistributedDataset& d) -> py::object {
-    std::optional<PerReplica<Nest<Tensor>>> batch;
-    {
-      py::gil_scoped_release release;
-      batch = d.get_next();
-    }
+  auto per_replica_of = [](const std::optional<PerReplica<Nest<Tensor>>>& batch) -> py::object {
     if (!batch) return py::none();
     py::list per_replica;
     for (const Nest<Tensor>& n : batch->values()) per_replica.append(from_nest(n));
     return per_replica;
-  });
+  };
+  // One C++ dataset for all the passes of a Python one: a checkpoint keeps
+  // its position across them.
+  py::class_<DistributedDataset>(m, "_DistributedDataset")
+      .def("_next",
+           [per_replica_of](DistributedDataset& d) {
+             std::optional<PerReplica<Nest<Tensor>>> batch;
+             {
+               py::gil_scoped_release release;
+               batch = d.get_next();
+             }
+             return per_replica_of(batch);
+           })
+      // begin(): a new pass (or the one a restore left part read), and its first step.
+      .def("_begin", [per_replica_of](DistributedDataset& d) {
+        std::optional<PerReplica<Nest<Tensor>>> batch;
+        {
+          py::gil_scoped_release release;
+          auto it = d.begin();
+          if (it != d.end()) batch = *it;
+        }
+        return per_replica_of(batch);
+      });
   py::class_<Strategy> strategy = py::reinterpret_borrow<py::class_<Strategy>>(m.attr("Strategy"));
   strategy
       .def("_distribute_dataset",
-           [](Strategy& s, const py::object& next_batch, std::int64_t global_batch_size) {
-             BatchFn batches = batch_fn_of(next_batch);
+           [](Strategy& s, const py::function& make_pass, std::int64_t global_batch_size) {
+             // make_pass() gives the next pass's next-batch callable.
+             DatasetFn passes = [fn = PyHandle(make_pass)] {
+               py::gil_scoped_acquire gil;
+               return batch_fn_of(fn.get()());
+             };
              py::gil_scoped_release release;
-             return s.experimental_distribute_dataset(std::move(batches), global_batch_size);
+             return s.experimental_distribute_dataset(std::move(passes), global_batch_size);
            })
       .def("_datasets_from_function", [](Strategy& s, const py::function& pipeline_fn) {
         // pipeline_fn(input_context) gives that pipeline's next-batch callable.

@@ -207,3 +207,93 @@ def test_asynchronous_saves_hold_the_values_of_their_call(tmp_path, strategy):
     assert np.array_equal(w.numpy(), later)
     with pytest.raises(TypeError, match="CheckpointOptions"):
         manager.save(options={"experimental_enable_async_checkpoint": True})
+
+
+class _Shuffled:
+    """An iterable whose every pass is shuffled by a seed of its own (the pass
+    number), as a per-epoch shuffle is: 5 batches of 4 rows."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def __iter__(self):
+        order = np.random.default_rng(self.passes).permutation(20).astype(np.float32)
+        self.passes += 1
+        return iter([order[i : i + 4] for i in range(0, 20, 4)])
+
+
+def _rows(batch):
+    """Every replica's rows, in replica order (one replica's batch is a plain tensor)."""
+    parts = batch.values if isinstance(batch, ds.PerReplica) else (batch,)
+    return np.concatenate([np.asarray(v) for v in parts]).tolist()
+
+
+def _epochs(dataset, epoch, epochs, at_step=None):
+    """A training loop from the completed epochs `epoch` holds; at_step(steps) after each step and epoch."""
+    seen = []
+    for e in range(int(epoch.numpy()), epochs):
+        for batch in dataset:
+            seen.append(_rows(batch))
+            if at_step:
+                at_step(len(seen))
+        epoch.assign(np.int64(e + 1))
+        if at_step:
+            at_step(len(seen))
+    return seen
+
+
+def test_a_dataset_resumes_with_the_batches_that_follow(tmp_path, strategy):
+    data = strategy.experimental_distribute_dataset(_Shuffled())
+    epoch = ds.Variable(np.int64(0))
+    ckpt = ds.train.Checkpoint(data=data, epoch=epoch)
+    saves = []
+    everything = _epochs(
+        data, epoch, 3, lambda steps: saves.append((ckpt.write(str(tmp_path / f"at{len(saves)}")), steps))
+    )
+    assert len(everything) == 15 and len(saves) == 18
+    for path, steps in saves:
+        for replicas in (1, 4):
+            other = ds.MirroredStrategy([f"CPU:{i}" for i in range(replicas)])
+            again = other.experimental_distribute_dataset(_Shuffled())
+            resumed_epoch = ds.Variable(np.int64(0))
+            ds.train.Checkpoint(data=again, epoch=resumed_epoch).read(path).assert_consumed()
+            assert _epochs(again, resumed_epoch, 3) == everything[steps:], (path, replicas)
+    reader = ds.train.load_checkpoint(saves[7][0])  # after 2 steps of pass 1
+    assert reader.get_tensor("data/.ATTRIBUTES/ITERATOR_STATE").tolist() == [1, 2, 0]
+
+
+def test_an_iterator_is_checkpointed_as_tf_does(tmp_path, strategy):
+    dataset = strategy.experimental_distribute_dataset([np.full(2, i, dtype=np.float32) for i in range(6)])
+    iterator = iter(dataset)
+    for _ in range(4):
+        iterator.get_next()
+    path = ds.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
+    fresh = iter(strategy.experimental_distribute_dataset([np.full(2, i, dtype=np.float32) for i in range(6)]))
+    ds.train.Checkpoint(iterator=fresh).read(path).assert_consumed()
+    assert [_rows(next(fresh)) for _ in range(2)] == [[4.0, 4.0], [5.0, 5.0]]
+    with pytest.raises(ds.errors.OutOfRangeError):
+        fresh.get_next()
+
+
+def test_a_dataset_position_that_cannot_be_taken_is_a_clear_error(tmp_path, strategy):
+    used = strategy.experimental_distribute_dataset(_Shuffled())
+    next(iter(used))
+    next(iter(used))  # pass 1
+    path = ds.train.Checkpoint(data=used).write(str(tmp_path / "p1"))
+    with pytest.raises(ds.errors.FailedPreconditionError, match="dataset 'data' cannot take its saved position: "
+                       "the dataset has been read from"):
+        ds.train.Checkpoint(data=used).read(path)
+    empty = strategy.experimental_distribute_dataset([])
+    with pytest.raises(ds.errors.FailedPreconditionError, match="position is step 1 of pass 1, but the source's pass "
+                       "ends after 0 batches"):
+        ds.train.Checkpoint(data=empty).read(path)
+
+
+def test_an_iterator_of_an_earlier_pass_is_refused(strategy):
+    dataset = strategy.experimental_distribute_dataset([np.zeros(2, dtype=np.float32)] * 3)
+    first, second = iter(dataset), iter(dataset)
+    next(first)
+    next(second)
+    with pytest.raises(RuntimeError, match="a later pass over its dataset began"):
+        next(first)
+    assert len(list(second)) == 2
