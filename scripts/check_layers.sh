@@ -19,7 +19,7 @@ public_layer() {
     communicator | mpi) echo 1 ;;
     context | distributed_values | replica_context | strategy | mirrored_strategy | \
       multi_worker_mirrored_strategy | input) echo 2 ;;
-    variables | optimizers | checkpoint) echo 3 ;;
+    variables | optimizers | checkpoint | preemption) echo 3 ;;
     # include/distribute/internal/: what the public headers' templates need
     # and users do not call, each in the layer of the header that includes it.
     internal/tensor | internal/nest_format) echo 0 ;;

@@ -267,6 +267,8 @@ class CheckpointManager {
   // (if any) and returns nullopt.
   std::optional<std::string> restore_or_initialize();
   const std::string& directory() const;
+  // The checkpoint it saves (TF's `manager.checkpoint`).
+  Checkpoint& checkpoint() const;
 
  private:
   struct State;

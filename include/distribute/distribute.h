@@ -27,6 +27,7 @@
 #include "distribute/multi_worker_mirrored_strategy.h"
 #include "distribute/nest.h"
 #include "distribute/optimizers.h"
+#include "distribute/preemption.h"
 #include "distribute/options.h"
 #include "distribute/reduce_op.h"
 #include "distribute/replica_context.h"

@@ -251,9 +251,9 @@ class DistributedIterator:
     def __next__(self):
         dataset = self._dataset
         if self._generation is None:
+            batch = dataset._impl._begin()  # (a pass refused begins nothing)
             dataset._generation += 1
             self._generation = dataset._generation
-            batch = dataset._impl._begin()
         elif self._generation != dataset._generation:
             raise RuntimeError(
                 "DistributedIterator: a later pass over its dataset began (another iter() was read from); "

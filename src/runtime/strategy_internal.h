@@ -40,6 +40,11 @@ struct StrategyState {
   Communicator* workers = nullptr;
   std::recursive_mutex worker_mutex;
   std::uint64_t worker_sequence = 0;
+  // Preemption: this worker's stop request, carried by every agreement among
+  // the workers; whether one carried any worker's; how many were made.
+  std::atomic<bool> stop_request{false};
+  std::atomic<bool> stop_agreed{false};
+  std::atomic<std::uint64_t> worker_agreements{0};
   // Expires with the strategy (StrategyRef).
   std::shared_ptr<const void> alive = std::make_shared<const char>('\0');
   // Scopes entered and not yet left, on every thread (Strategy::count_scope).

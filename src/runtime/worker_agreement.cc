@@ -59,9 +59,13 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
   call.signature_tag = sig.tag(/*with_leaves=*/false);
   std::vector<std::string> payloads;
   bool agreed = true;
+  // Every worker's payload: its signature, its stop request (one byte, not
+  // in the tag), then the extra payload.
+  const std::string stop = st.stop_request.load(std::memory_order_relaxed) ? "1" : "0";
   try {
-    payloads = st.workers->exchange(
-        extra != nullptr ? encode_payload_list({sig.encode(), *extra}) : encode_payload_list({sig.encode()}), call);
+    payloads = st.workers->exchange(extra != nullptr ? encode_payload_list({sig.encode(), stop, *extra})
+                                                     : encode_payload_list({sig.encode(), stop}),
+                                    call);
   } catch (const SignatureMismatch&) {
     // Another worker is in a different collective: exchange signatures only
     // (whatever that collective sends to explain), to say which.
@@ -71,15 +75,22 @@ std::vector<Signature> agree_workers(StrategyState& st, const CommunicationOptio
   }
   std::vector<Signature> sigs;
   if (extras != nullptr) extras->clear();
+  bool stop_agreed = false;
   for (const std::string& p : payloads) {
     const std::vector<std::string> list = decode_payload_list(p);
-    if (agreed && extra != nullptr) {
-      // Every worker is in this call: its signature, then its extra payload.
+    if (agreed) {
+      // Every worker is in this call.
       sigs.push_back(Signature::decode(list.at(0)));
-      if (extras != nullptr) extras->push_back(list.at(1));
+      stop_agreed = stop_agreed || list.at(1) == "1";
+      if (extras != nullptr && extra != nullptr) extras->push_back(list.at(2));
       continue;
     }
     for (const std::string& one : list) sigs.push_back(Signature::decode(one));
+  }
+  if (agreed) {
+    // Every worker finds the same here, in the same agreement.
+    st.worker_agreements.fetch_add(1, std::memory_order_relaxed);
+    if (stop_agreed) st.stop_agreed.store(true, std::memory_order_relaxed);
   }
   try {
     check_signatures(sigs, 0, rule, axis, nullptr, "worker");
@@ -122,6 +133,22 @@ std::vector<std::string> exchange_across_workers(Strategy& s, std::string payloa
   agree_workers(st, Access::options(s), sig, ShapeRule::kEqual, 0, &payload, &all);
   return all;
 }
+
+std::atomic<bool>& stop_request(Strategy& s) { return Access::state(s).stop_request; }
+
+bool stop_agreed(Strategy& s) {
+  StrategyState& st = Access::state(s);
+  if (st.workers == nullptr || st.workers->size() == 1) return st.stop_request.load();
+  return st.stop_agreed.load();
+}
+
+void clear_stop(Strategy& s) {
+  StrategyState& st = Access::state(s);
+  st.stop_request.store(false);
+  st.stop_agreed.store(false);
+}
+
+std::uint64_t worker_agreements(Strategy& s) { return Access::state(s).worker_agreements.load(); }
 
 WorkerPlace worker_place(Strategy& s) {
   const StrategyState& st = Access::state(s);

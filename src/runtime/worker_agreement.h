@@ -3,6 +3,8 @@
 // so that a worker's refusal is raised by every worker, not left waiting.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,5 +35,20 @@ struct WorkerPlace {
   int count = 1;
 };
 WorkerPlace worker_place(Strategy& s);
+
+// Preemption (train::PreemptionCheckpointHandler). Every agreement among the
+// workers (agree_workers: the cross-replica reductions, an optimizer's
+// apply_gradients, a dataset's get_next, a checkpoint's save) carries each
+// worker's stop request, so that the request reaches every worker in the
+// same agreement with no exchange of its own.
+// The request of this worker: set from a signal handler (lock-free).
+std::atomic<bool>& stop_request(Strategy& s);
+// Whether an agreement so far carried a request from any worker (or, for
+// one worker, whether it has one).
+bool stop_agreed(Strategy& s);
+// Withdraws this worker's request and forgets the agreed one (a new handler).
+void clear_stop(Strategy& s);
+// Agreements among the workers made so far (0 for one worker).
+std::uint64_t worker_agreements(Strategy& s);
 
 }  // namespace distribute::internal

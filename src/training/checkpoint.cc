@@ -423,14 +423,27 @@ struct Checkpoint::State {
     // Datasets last: their passes may be collectives of their own, and a
     // source that no longer gives its saved batches is found only by
     // drawing them (the other objects then hold the checkpoint's values).
+    // A dataset tracked under two names moves once; a failure is not tried
+    // again by a later track() (the key counts as restored).
+    std::map<const DistributedDataset*, internal::DatasetPosition> moved;
     for (const auto& [p, at] : datasets) {
-      internal::Access::restore_dataset_passes(*p->owned.dataset, at);
+      restored(*p);
+      const std::string what = "Checkpoint.restore from " + p->from->prefix + ": dataset '" + p->owned.name + "'";
       agree(coordinator(), "Checkpoint.restore", [&, p = p, at = at] {
-        internal::Access::restore_dataset_steps(
-            *p->owned.dataset, at, "Checkpoint.restore from " + p->from->prefix + ": dataset '" + p->owned.name + "'");
+        const auto [it, fresh] = moved.try_emplace(p->owned.dataset, at);
+        if (!fresh) {
+          const internal::DatasetPosition& first = it->second;
+          if (first.pass != at.pass || first.steps != at.steps || first.ended != at.ended) {
+            throw FailedPreconditionError(what + " is tracked under another name too, with another saved position");
+          }
+          return std::string();
+        }
+        // (Each pass of a pipeline is a collective of its own, that every
+        // worker makes here alike.)
+        internal::Access::restore_dataset_passes(*p->owned.dataset, at);
+        internal::Access::restore_dataset_steps(*p->owned.dataset, at, what);
         return std::string();
       });
-      restored(*p);
     }
   }
 };
@@ -1294,6 +1307,7 @@ std::optional<std::string> CheckpointManager::save(std::optional<std::int64_t> c
 std::optional<std::string> CheckpointManager::latest_checkpoint() const { return state_->latest; }
 const std::vector<std::string>& CheckpointManager::checkpoints() const { return state_->checkpoints; }
 const std::string& CheckpointManager::directory() const { return state_->directory; }
+Checkpoint& CheckpointManager::checkpoint() const { return *state_->checkpoint; }
 
 std::optional<std::string> CheckpointManager::restore_or_initialize() {
   State& st = *state_;

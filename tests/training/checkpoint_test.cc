@@ -26,6 +26,7 @@
 
 #include "comm/threads/shared_memory_communicator.h"
 #include "core/crc32c.h"
+#include "runtime/worker_agreement.h"
 #include "testing/strategies.h"
 #include "testing/threads.h"
 #include "training/checkpoint_io.h"
@@ -1302,6 +1303,16 @@ TEST(CheckpointDatasetTest, APositionThatCannotBeTakenIsAClearError) {
     EXPECT_FALSE(one_shot.get_next().has_value());
     EXPECT_THROW(one_shot.begin(), FailedPreconditionError);
   }
+  {
+    // One dataset under two names (as Python's dataset and its iterator)
+    // moves once.
+    DistributedDataset d = s->experimental_distribute_dataset(counting_passes(5), 4);
+    (void)d.get_next();
+    Checkpoint({{"data", d}, {"iterator", d}}).write(dir / "twice");
+    DistributedDataset again = s->experimental_distribute_dataset(counting_passes(5), 4);
+    Checkpoint({{"data", again}, {"iterator", again}}).read(dir / "twice").assert_consumed();
+    EXPECT_EQ(rows_of(*again.get_next())[0], 4.f);
+  }
 }
 
 // Under two workers every worker saves its dataset's position (one, as
@@ -1376,5 +1387,159 @@ TEST(CheckpointWorkersTest, DatasetsAtDifferentPositionsAreRefused) {
   EXPECT_FALSE(fs::exists(dir / "mixed.index.json"));
 }
 
+// ---- Preemption ---------------------------------------------------------------
+
+// A SIGTERM during a step of one process: the step ends, the checkpoint is
+// saved, the process exits with 42; run again, it goes on from that step
+// and ends bit for bit where an uninterrupted run ends.
+TEST(PreemptionTest, SigtermEndsTheStepSavesAndExitsWith42) {
+  SKIP_FORK_WITH_THREADS();
+  constexpr int kSteps = 12;
+  Model plain({"mirrored2", 2});
+  plain.train(kSteps);
+  TempDir dir;
+  // In a child: trains to kSteps from the handler's count, raising SIGTERM
+  // inside step `signal_at`; exits 3 if it did not start at `expect_start`.
+  auto child = [&](int signal_at, std::int64_t expect_start) {
+    const pid_t pid = ::fork();
+    if (pid != 0) return pid;
+    Model m({"mirrored2", 2});
+    auto ckpt = m.checkpoint();
+    CheckpointManager manager(*ckpt, dir.path(), 1);
+    // (A forked child of the test runner leaves by _exit: std::exit, the
+    // default, would run the runner's static destructors, which wait for its
+    // threads that the fork did not copy.)
+    train::PreemptionCheckpointHandler handler(*m.strategy, manager, {.exit_fn = [] { ::_exit(42); }});
+    if (handler.total_run_calls() != expect_start) ::_exit(3);
+    for (auto step = handler.total_run_calls(); step < kSteps; ++step) {
+      handler.run([&] {
+        if (step == signal_at) ::raise(SIGTERM);  // before the step's collectives
+        m.train(1, static_cast<int>(step));
+      });
+    }
+    ckpt->write(dir / "final");
+    ::_exit(0);
+  };
+  int status = wait_for(child(5, 0), 60);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 42);
+  const auto latest = train::latest_checkpoint(dir.path());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(CheckpointReader(*latest).get_tensor("checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE").scalar<std::int64_t>(),
+            6);
+  status = wait_for(child(-1, 6), 60);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  CheckpointReader final(dir / "final");
+  EXPECT_TRUE(same_bits(final.get_tensor("model/w/.ATTRIBUTES/VARIABLE_VALUE"), plain.w->values()[0]));
+  EXPECT_TRUE(same_bits(final.get_tensor("model/b/.ATTRIBUTES/VARIABLE_VALUE"), plain.b->values()[0]));
+  EXPECT_TRUE(same_bits(final.get_tensor("model/w/.OPTIMIZER_SLOT/optimizer/v/.ATTRIBUTES/VARIABLE_VALUE"),
+                        plain.adam->get_slot(*plain.w, "v").values()[0]));
+  EXPECT_EQ(final.get_tensor("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE").scalar<std::int64_t>(), kSteps);
+}
+
+// One step of a worker's model: Adam on gradients of the global step.
+void worker_step(MultiWorkerMirroredStrategy& s, WorkerModel& model, std::int64_t step) {
+  s.run([&](ReplicaContext& ctx) {
+    model.adam.apply_gradients(
+        {{noisy(300, 200 + static_cast<std::uint32_t>(step * 8 + ctx.replica_id_in_sync_group())), *model.w}});
+    model.seen->assign_add(constant(1.f));
+  });
+}
+
+// Worker 1 alone is asked to stop: both workers end the same step, save one
+// checkpoint and exit; both resume from it and end where workers that were
+// never stopped end, bit for bit.
+TEST(PreemptionTest, OneWorkerAskedToStopStopsEveryWorkerAfterTheSameStep) {
+  constexpr std::int64_t kSteps = 8;
+  struct Exited {};
+  TempDir dir;
+  std::vector<Tensor> plain_w(2), resumed_w(2);
+  std::vector<std::int64_t> stopped_after(2, -1), resumed_from(2, -1);
+  auto train = [&](const std::string& where, int asked, std::vector<std::int64_t>* starts, std::vector<Tensor>& out) {
+    return run_workers(2, 2, [&](int worker, MultiWorkerMirroredStrategy& s) {
+      WorkerModel model(s);
+      auto ckpt = model.checkpoint();
+      CheckpointManager manager(*ckpt, where, 1);
+      train::PreemptionCheckpointHandler handler(s, manager, {.exit_fn = [] { throw Exited{}; }});
+      if (starts != nullptr) (*starts)[static_cast<std::size_t>(worker)] = handler.total_run_calls();
+      try {
+        for (auto step = handler.total_run_calls(); step < kSteps; ++step) {
+          handler.run([&] {
+            if (worker == 1 && step == asked) handler.request_stop();
+            worker_step(s, model, step);
+          });
+        }
+      } catch (const Exited&) {
+        stopped_after[static_cast<std::size_t>(worker)] = handler.total_run_calls();
+        return;
+      }
+      out[static_cast<std::size_t>(worker)] = model.w->values()[0].clone();
+    });
+  };
+  {
+    TempDir never_stopped;
+    for (const auto& e : train(never_stopped.path(), -1, nullptr, plain_w)) ASSERT_FALSE(e) << testing::message_of(e);
+  }
+  std::vector<Tensor> unused(2);
+  for (const auto& e : train(dir.path(), 3, nullptr, unused)) ASSERT_FALSE(e) << testing::message_of(e);
+  EXPECT_EQ(stopped_after, (std::vector<std::int64_t>{4, 4}));  // steps 0 to 3, on both
+  const auto latest = train::latest_checkpoint(dir.path());
+  ASSERT_TRUE(latest.has_value());
+  CheckpointReader reader(*latest);
+  EXPECT_EQ(reader.get_tensor("checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE").scalar<std::int64_t>(), 4);
+  EXPECT_EQ(reader.get_tensor("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE").scalar<std::int64_t>(), 4);
+  for (const auto& e : train(dir.path(), -1, &resumed_from, resumed_w)) ASSERT_FALSE(e) << testing::message_of(e);
+  EXPECT_EQ(resumed_from, (std::vector<std::int64_t>{4, 4}));
+  for (int w = 0; w < 2; ++w) EXPECT_TRUE(same_bits(resumed_w[static_cast<std::size_t>(w)], plain_w[0])) << w;
+}
+
+// When nothing is asked the handler adds no exchange to a step that agrees
+// among the workers anyway (a distributed dataset's get_next), and one to a
+// step that makes no such agreement (apply_gradients alone, whose
+// collectives check their signatures in their data), which then carries a
+// request.
+TEST(PreemptionTest, ExchangesOnlyWhereTheStepMakesNoAgreement) {
+  TempDir dir;
+  std::vector<std::uint64_t> plain(2), handled(2), bare(2);
+  std::vector<bool> stopped(2, false);
+  const auto errors = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
+    const auto w = static_cast<std::size_t>(worker);
+    WorkerModel model(s);
+    DistributedDataset data = s.experimental_distribute_dataset(counting_passes(100), 4);
+    auto agreements = [&] { return internal::worker_agreements(s); };
+    auto fed_step = [&](std::int64_t step) {
+      (void)data.get_next();
+      worker_step(s, model, step);
+    };
+    fed_step(0);  // (the first also makes Adam's slots: agreements of its own)
+    std::uint64_t before = agreements();
+    fed_step(1);
+    plain[w] = agreements() - before;
+    auto ckpt = model.checkpoint();
+    CheckpointManager manager(*ckpt, dir.path(), 1);
+    struct Exited {};
+    train::PreemptionCheckpointHandler handler(s, manager, {.exit_fn = [] { throw Exited{}; }});
+    before = agreements();
+    handler.run([&] { fed_step(2); });
+    handled[w] = agreements() - before;
+    before = agreements();
+    handler.run([&] { worker_step(s, model, 3); });
+    bare[w] = agreements() - before;
+    try {
+      handler.run([&] {
+        if (worker == 0) handler.request_stop();
+        worker_step(s, model, 4);
+      });
+    } catch (const Exited&) {
+      stopped[w] = true;
+    }
+  });
+  for (const auto& e : errors) ASSERT_FALSE(e) << testing::message_of(e);
+  EXPECT_GT(plain[0], 0U);
+  EXPECT_EQ(handled, plain);
+  EXPECT_EQ(bare, (std::vector<std::uint64_t>{1, 1}));
+  EXPECT_EQ(stopped, (std::vector<bool>{true, true}));
+}
 }  // namespace
 }  // namespace distribute

@@ -371,6 +371,7 @@ TEST_P(BackendConformance, AnAbortFromAnotherThreadFailsEveryMember) {
 // A member that never makes the call: every other member raises
 // DeadlineExceededError after the call's timeout, naming the call.
 TEST_P(BackendConformance, AMemberThatNeverComesTimesTheOthersOut) {
+  if (group_->members().front()->size() < 2) GTEST_SKIP() << "one member: nobody waits for another";
   std::vector<std::string> seen;
   std::mutex mutex;
   const auto errors = on_every_member([&](Communicator& c) {
