@@ -362,14 +362,20 @@ struct Checkpoint::State {
   // holds one tensor's bytes beside the objects, never a second copy of the
   // state, and touches no fresh memory per tensor. Under several workers
   // each pass is agreed, so that an error on one worker is raised by all.
+  struct Pending {
+    Owned owned;
+    Restore* from;
+    const CheckpointEntry* entry;
+    std::string dir;
+  };
+  void mark_restored(const Pending& p) {
+    p.from->consumed.insert(p.owned.key);
+    restored_by[p.owned.key] = p.from->id;
+  }
+  void move_datasets(const std::vector<std::pair<const Pending*, internal::DatasetPosition>>& datasets);
+
   void resolve() {
     if (restores.empty()) return;
-    struct Pending {
-      Owned owned;
-      Restore* from;
-      const CheckpointEntry* entry;
-      std::string dir;
-    };
     std::vector<Pending> pending;
     std::uint64_t largest = 0;
     for (Owned& o : owned(true)) {
@@ -405,10 +411,6 @@ struct Checkpoint::State {
       }
       return std::string();
     });
-    auto restored = [&](const Pending& p) {
-      p.from->consumed.insert(p.owned.key);
-      restored_by[p.owned.key] = p.from->id;
-    };
     // Only bytes changed on disk since the first pass fail here (checked
     // again: bytes that do not match their CRC are never assigned).
     agree(coordinator(), "Checkpoint.restore", [&] {
@@ -416,37 +418,42 @@ struct Checkpoint::State {
         if (p.owned.kind == Owned::Kind::kDataset) continue;
         read(p);
         assign(p.owned, in_buffer(p));
-        restored(p);
+        mark_restored(p);
       }
       return std::string();
     });
-    // Datasets last: their passes may be collectives of their own, and a
-    // source that no longer gives its saved batches is found only by
-    // drawing them (the other objects then hold the checkpoint's values).
-    // A dataset tracked under two names moves once; a failure is not tried
-    // again by a later track() (the key counts as restored).
-    std::map<const DistributedDataset*, internal::DatasetPosition> moved;
-    for (const auto& [p, at] : datasets) {
-      restored(*p);
-      const std::string what = "Checkpoint.restore from " + p->from->prefix + ": dataset '" + p->owned.name + "'";
-      agree(coordinator(), "Checkpoint.restore", [&, p = p, at = at] {
-        const auto [it, fresh] = moved.try_emplace(p->owned.dataset, at);
-        if (!fresh) {
-          const internal::DatasetPosition& first = it->second;
-          if (first.pass != at.pass || first.steps != at.steps || first.ended != at.ended) {
-            throw FailedPreconditionError(what + " is tracked under another name too, with another saved position");
-          }
-          return std::string();
-        }
-        // (Each pass of a pipeline is a collective of its own, that every
-        // worker makes here alike.)
-        internal::Access::restore_dataset_passes(*p->owned.dataset, at);
-        internal::Access::restore_dataset_steps(*p->owned.dataset, at, what);
-        return std::string();
-      });
-    }
+    move_datasets(datasets);
   }
 };
+
+// Datasets last: their passes may be collectives of their own, and a
+// source that no longer gives its saved batches is found only by drawing
+// them (the other objects then hold the checkpoint's values).
+void Checkpoint::State::move_datasets(
+    const std::vector<std::pair<const Pending*, internal::DatasetPosition>>& datasets) {
+  // A dataset tracked under two names moves once; a failure is not tried
+  // again by a later track() (the key counts as restored).
+  std::map<const DistributedDataset*, internal::DatasetPosition> moved;
+  for (const auto& [p, at] : datasets) {
+    mark_restored(*p);
+    const std::string what = "Checkpoint.restore from " + p->from->prefix + ": dataset '" + p->owned.name + "'";
+    agree(coordinator(), "Checkpoint.restore", [&, p = p, at = at] {
+      const auto [it, fresh] = moved.try_emplace(p->owned.dataset, at);
+      if (!fresh) {
+        const internal::DatasetPosition& first = it->second;
+        if (first.pass != at.pass || first.steps != at.steps || first.ended != at.ended) {
+          throw FailedPreconditionError(what + " is tracked under another name too, with another saved position");
+        }
+        return std::string();
+      }
+      // (Each pass of a pipeline is a collective of its own, that every
+      // worker makes here alike.)
+      internal::Access::restore_dataset_passes(*p->owned.dataset, at);
+      internal::Access::restore_dataset_steps(*p->owned.dataset, at, what);
+      return std::string();
+    });
+  }
+}
 
 Checkpoint::Checkpoint() : state_(std::make_unique<State>()) {}
 
