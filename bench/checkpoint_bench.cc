@@ -20,9 +20,6 @@
 // Before each read, the files' cached pages are dropped (posix_fadvise), so
 // that both reads come from the disk alike.
 #include <distribute/distribute.h>
-#ifdef DIST_BENCH_HAVE_MPI
-#include <distribute/mpi.h>
-#endif
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -37,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_strategy.h"
+
 using namespace distribute;
 namespace fs = std::filesystem;
 
@@ -46,10 +45,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "distribute-ckpt-bench: %s\n", what.c_str());
-  std::exit(1);
-}
+[[noreturn]] void die(const std::string& what) { bench::die("distribute-ckpt-bench", what); }
 
 void drop_cache(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -131,20 +127,13 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::vector<std::string> devices;
-  for (int r = 0; r < replicas; ++r) devices.push_back("CPU:" + std::to_string(r));
-  std::unique_ptr<Strategy> owned_strategy;
+  const std::unique_ptr<Strategy> owned_strategy = bench::make_bench_strategy(replicas);
+  Strategy& strategy = *owned_strategy;
   int worker = 0, workers = 1;
-#ifdef DIST_BENCH_HAVE_MPI
-  if (mpi::started_by_launcher()) {
-    auto mw = std::make_unique<MultiWorkerMirroredStrategy>(devices, mpi::cluster_from_launcher());
+  if (const auto* mw = dynamic_cast<const MultiWorkerMirroredStrategy*>(&strategy)) {
     worker = mw->worker_rank();
     workers = mw->num_workers();
-    owned_strategy = std::move(mw);
   }
-#endif
-  if (!owned_strategy) owned_strategy = std::make_unique<MirroredStrategy>(devices);
-  Strategy& strategy = *owned_strategy;
   // Every worker waits for every other (an all-reduce of a scalar); with
   // `value`, the sum of every first replica's value.
   auto all_workers = [&](std::int64_t value = 0) {

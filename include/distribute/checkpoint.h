@@ -210,7 +210,13 @@ class Checkpoint {
  private:
   friend class CheckpointLoadStatus;
   friend class CheckpointManager;
+  friend class PreemptionCheckpointHandler;
   CheckpointLoadStatus load(const std::string& save_path, bool expects_save_counter);
+  // Called at the start of every save and write (in the cross-replica
+  // context), until set again with an empty function: what `owner` brings
+  // up to date just before the values are read (the preemption handler's
+  // step count, which it would otherwise assign at every step).
+  void before_write(const void* owner, std::function<void()> fn);
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -11,13 +11,15 @@
 //   }
 //
 // The request travels in the agreements that the workers make anyway
-// (an optimizer's apply_gradients, a dataset's get_next, a cross-replica
-// reduce): a step that makes one costs nothing more; a step that makes
-// none gets one exchange of its own, after the step. Every worker learns
-// of the request in the same agreement, so every worker stops after the
-// same step (docs/checkpoints.md, "Preemption").
+// (an optimizer's first apply_gradients, a dataset's get_next, a
+// cross-replica reduce): a step that makes one costs nothing more. Steps
+// that make none get an exchange of the handler's own after some of them,
+// spaced to cost at most 0.1% of their time (TerminationConfig). Every worker
+// learns of the request in the same agreement, so every worker stops after
+// the same step (docs/checkpoints.md, "Preemption").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -38,6 +40,16 @@ struct TerminationConfig {
   // returns makes run() throw CancelledError.
   std::function<void()> exit_fn;
   int exit_code = 42;
+  // Steps that make no agreement among the workers (only collectives inside
+  // the step, which check their signatures in their data) carry no request:
+  // the handler exchanges the requests after some of them. It spaces the
+  // exchanges (the same steps on every worker, agreed in each exchange) so
+  // that they cost at most `exchange_budget` of the steps' measured time,
+  // and so that a request waits at most `max_stop_delay_seconds` and
+  // `max_steps_between_exchanges` steps. 1 exchanges after every such step.
+  double exchange_budget = 0.001;
+  double max_stop_delay_seconds = 1.0;
+  std::int64_t max_steps_between_exchanges = 10000;
 };
 
 class PreemptionCheckpointHandler {
@@ -72,8 +84,13 @@ class PreemptionCheckpointHandler {
   void save_checkpoint_if_preempted();
 
   // Steps run, those of the runs before the restart included (restored
-  // from the checkpoint).
+  // from the checkpoint as "checkpointed_runs", which every save of the
+  // manager's checkpoint holds current, a periodic one too).
   std::int64_t total_run_calls() const { return runs_; }
+  // The steps the workers last agreed to go, where steps make no agreement,
+  // between the handler's own exchanges: how many steps a request may wait
+  // (1 until the first exchanges are measured; always 1 for one worker).
+  std::int64_t steps_between_exchanges() const { return interval_; }
   // The path the preemption's checkpoint was saved to (once it was).
   const std::optional<std::string>& saved_path() const { return saved_; }
   // As if this worker got SIGTERM now (tests, and programs with signals of
@@ -86,7 +103,16 @@ class PreemptionCheckpointHandler {
   TerminationConfig config_;
   Variable checkpointed_runs_;
   std::int64_t runs_ = 0;
+  int workers_ = 1;
   std::uint64_t agreements_ = 0;  // among the workers, at the end of the last step
+  // The handler's own exchanges: the run of the last agreement (any) and
+  // when it ended, the agreed steps between exchanges, the last one's time.
+  std::int64_t last_agreed_run_ = 0;
+  std::chrono::steady_clock::time_point last_mark_;
+  std::int64_t interval_ = 1;
+  double exchange_seconds_ = 0;
+  // The steps between exchanges this worker proposes, for steps of `step` seconds.
+  std::int64_t next_interval(double step) const;
   std::optional<std::string> saved_;
   int slot_ = 0;  // among the handlers the signal handler asks
 };

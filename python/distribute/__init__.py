@@ -35,7 +35,7 @@ except ImportError as _error:  # another interpreter, or numpy missing: say whic
         f"build the module for this one (numpy importable there): cmake --preset release "
         f"-DPython3_EXECUTABLE={_sys.executable} && cmake --build --preset release. Cause: {_error}"
     ) from _error
-from . import _blas, errors, train
+from . import _blas, errors, experimental, train
 from ._distribute import (
     SGD,
     Adam,
@@ -528,6 +528,7 @@ ReplicaContext.__repr__ = lambda self: (
 
 __all__ = [
     "errors",
+    "experimental",
     "train",
     "Adam",
     "CosineDecay",

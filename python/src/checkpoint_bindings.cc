@@ -13,6 +13,8 @@
 #include "bindings.h"
 #include "convert.h"
 #include "distribute/checkpoint.h"
+#include "distribute/preemption.h"
+#include "distribute/strategy.h"
 
 namespace distribute::python {
 
@@ -178,6 +180,34 @@ void bind_reader(py::module_& m) {
         "tf.train.latest_checkpoint: the newest whole checkpoint the directory's index names, or None.");
 }
 
+void bind_preemption(py::module_& m) {
+  using Handler = train::PreemptionCheckpointHandler;
+  py::class_<Handler>(m, "_PreemptionCheckpointHandler")
+      .def(
+          py::init([](Strategy& strategy, train::CheckpointManager& manager, const py::object& exit_fn,
+                      double exchange_budget, double max_stop_delay_seconds, std::int64_t max_steps_between_exchanges) {
+            train::TerminationConfig config{.exchange_budget = exchange_budget,
+                                            .max_stop_delay_seconds = max_stop_delay_seconds,
+                                            .max_steps_between_exchanges = max_steps_between_exchanges};
+            // Python's exit_fn (sys.exit(42) by default): the SystemExit it
+            // raises leaves _save_checkpoint_if_preempted to the caller.
+            config.exit_fn = [fn = PyHandle(exit_fn)] {
+              py::gil_scoped_acquire gil;
+              fn.get()();
+            };
+            py::gil_scoped_release release;  // the restore may wait for other workers
+            return std::make_unique<Handler>(strategy, manager, std::move(config));
+          }),
+          py::arg("strategy"), py::arg("manager"), py::arg("exit_fn"), py::arg("exchange_budget"),
+          py::arg("max_stop_delay_seconds"), py::arg("max_steps_between_exchanges"), py::keep_alive<1, 2>(),
+          py::keep_alive<1, 3>())
+      .def("_save_checkpoint_if_preempted", &Handler::save_checkpoint_if_preempted,
+           py::call_guard<py::gil_scoped_release>())
+      .def("_request_stop", &Handler::request_stop)
+      .def_property_readonly("total_run_calls", &Handler::total_run_calls)
+      .def_property_readonly("saved_path", &Handler::saved_path);
+}
+
 }  // namespace
 
 void bind_checkpoints(py::module_& m) {
@@ -186,6 +216,7 @@ void bind_checkpoints(py::module_& m) {
   bind_checkpoint(m);
   bind_manager(m);
   bind_reader(m);
+  bind_preemption(m);
 }
 
 }  // namespace distribute::python

@@ -104,3 +104,41 @@ def test_checkpoint_saved_by_every_worker_restores_in_one_process(strategy):
     finally:
         if strategy.worker_rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_sigterm_to_one_worker_stops_both_after_the_same_step(strategy):
+    import os
+    import shutil
+    import signal
+
+    directory = _shared_directory(strategy)
+    try:
+        with strategy.scope():
+            w = ds.Variable(np.arange(4, dtype=np.float32), name="w")
+        adam = ds.Adam()
+
+        def step():
+            rid = int(ds.get_replica_context().replica_id_in_sync_group)
+            adam.apply_gradients([(np.full(4, rid + 1.0, dtype=np.float32), w)])
+
+        ckpt = ds.train.Checkpoint(w=w, optimizer=adam)
+        # (An exchange after every step: the request is seen after the step it came in.)
+        config = ds.experimental.TerminationConfig(max_steps_between_exchanges=1)
+        handler = ds.experimental.PreemptionCheckpointHandler(
+            None, ckpt, directory, termination_config=config, strategy=strategy
+        )
+        assert handler.total_run_calls == 0
+        with pytest.raises(SystemExit) as exited:
+            for n in range(10):
+                if n == 3 and strategy.worker_rank == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)  # worker 1 only
+                handler.run(strategy.run, step)
+        assert exited.value.code == 42
+        assert handler.total_run_calls == 4 and adam.iterations == 4  # the same step on both workers
+        reader = ds.train.load_checkpoint(directory)
+        assert int(reader.get_tensor("checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE")) == 4
+        del handler, exited
+        strategy.run(lambda: ds.get_replica_context().all_reduce("sum", 1.0))  # both done reading
+    finally:
+        if strategy.worker_rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)

@@ -350,7 +350,8 @@ struct Checkpoint::State {
   // it, completes it (several workers: its exchange and commit) and raises
   // its error; join_pending() only waits for its thread.
   std::unique_ptr<Save> in_flight;
-  std::map<std::string, Tensor, std::less<>> host_buffers;  // reused by asynchronous saves
+  std::map<const void*, std::function<void()>> before_write;  // Checkpoint::before_write
+  std::map<std::string, Tensor, std::less<>> host_buffers;    // reused by asynchronous saves
   void finish_pending();
   void join_pending();
   ~State();
@@ -534,6 +535,14 @@ std::string Checkpoint::write(const std::string& file_prefix, const CheckpointOp
   state_->finish_pending();
   state_->write(file_prefix, options, /*with_counter=*/false, nullptr, nullptr, nullptr);
   return file_prefix;
+}
+
+void Checkpoint::before_write(const void* owner, std::function<void()> fn) {
+  if (fn) {
+    state_->before_write[owner] = std::move(fn);
+  } else {
+    state_->before_write.erase(owner);
+  }
 }
 
 void Checkpoint::sync() {
@@ -778,6 +787,7 @@ void Checkpoint::State::write(const std::string& prefix, const CheckpointOptions
                               std::function<void(const WriteResult&)> on_saved, std::function<void()> on_failed) {
   std::unique_ptr<Save> save;
   try {
+    for (const auto& [owner, fn] : before_write) fn();
     save = prepare(prefix, options, with_counter);
   } catch (...) {
     if (on_failed) on_failed();

@@ -2,7 +2,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -46,10 +49,21 @@ PreemptionCheckpointHandler::PreemptionCheckpointHandler(Strategy& strategy, Che
       manager_(&manager),
       config_(std::move(config)),
       checkpointed_runs_(constant(std::int64_t{0}), VariableOptions{.name = "checkpointed_runs", .trainable = false}) {
+  if (!(config_.exchange_budget > 0) || !(config_.max_stop_delay_seconds > 0) ||
+      config_.max_steps_between_exchanges < 1) {
+    throw InvalidArgumentError(
+        "PreemptionCheckpointHandler: TerminationConfig needs exchange_budget > 0, max_stop_delay_seconds > 0 and "
+        "max_steps_between_exchanges >= 1, got " +
+        std::to_string(config_.exchange_budget) + ", " + std::to_string(config_.max_stop_delay_seconds) + " and " +
+        std::to_string(config_.max_steps_between_exchanges));
+  }
   manager.checkpoint().track("checkpointed_runs", checkpointed_runs_);
   manager.restore_or_initialize();
   runs_ = checkpointed_runs_.read_value().scalar<std::int64_t>();
+  workers_ = internal::worker_place(strategy).count;
   agreements_ = internal::worker_agreements(strategy);
+  last_agreed_run_ = runs_;
+  last_mark_ = std::chrono::steady_clock::now();
   internal::clear_stop(strategy);
   const std::lock_guard<std::mutex> lock(g_install_mutex);
   int slot = 0;
@@ -68,9 +82,14 @@ PreemptionCheckpointHandler::PreemptionCheckpointHandler(Strategy& strategy, Che
     sigaction(SIGTERM, &action, &g_previous_term);
     sigaction(SIGINT, &action, &g_previous_int);
   }
+  // Every save of the checkpoint (not only the preemption's, as in TF) holds
+  // the count, so that a run resumed from any restarts total_run_calls()
+  // where it was; assigned as the save begins, not at every step.
+  manager.checkpoint().before_write(this, [this] { checkpointed_runs_.assign(constant(runs_)); });
 }
 
 PreemptionCheckpointHandler::~PreemptionCheckpointHandler() {
+  manager_->checkpoint().before_write(this, {});
   const std::lock_guard<std::mutex> lock(g_install_mutex);
   g_requests[slot_].store(nullptr);
   if (--g_installed == 0) {
@@ -79,22 +98,60 @@ PreemptionCheckpointHandler::~PreemptionCheckpointHandler() {
   }
 }
 
+// Steps between exchanges such that one exchange costs at most the budget
+// of their time, bounded by the delay a request may wait.
+std::int64_t PreemptionCheckpointHandler::next_interval(double step) const {
+  if (!(step > 0) || !(exchange_seconds_ > 0)) return 1;  // not measured yet
+  const double for_budget = std::ceil(exchange_seconds_ / (config_.exchange_budget * step));
+  const double for_delay = std::floor(config_.max_stop_delay_seconds / step);
+  const double steps_between =
+      std::min({for_budget, for_delay, static_cast<double>(config_.max_steps_between_exchanges)});
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(steps_between));
+}
+
 void PreemptionCheckpointHandler::request_stop() noexcept { internal::stop_request(*strategy_).store(true); }
 
 void PreemptionCheckpointHandler::save_checkpoint_if_preempted() {
   ++runs_;
-  // A step that made no agreement among the workers carries no request:
-  // one exchange, of nothing but the requests.
-  if (internal::worker_place(*strategy_).count > 1 && internal::worker_agreements(*strategy_) == agreements_) {
-    internal::exchange_across_workers(*strategy_, std::string(), "PreemptionCheckpointHandler");
+  // What an ordinary step costs (no agreement, no exchange due): a count, a
+  // load and two comparisons; no clock read, which at a step of half a
+  // microsecond would show.
+  using Clock = std::chrono::steady_clock;
+  if (workers_ > 1) {
+    if (internal::worker_agreements(*strategy_) != agreements_) {
+      last_agreed_run_ = runs_;  // the step carried every request
+      last_mark_ = Clock::now();
+    } else if (runs_ - last_agreed_run_ >= interval_) {
+      // Steps with no agreement: an exchange of the requests, which also
+      // agrees on when the next one comes (the largest proposal).
+      const auto now = Clock::now();
+      const double step =
+          std::chrono::duration<double>(now - last_mark_).count() / static_cast<double>(runs_ - last_agreed_run_);
+      const std::string proposal = std::to_string(next_interval(step));
+      const auto all = internal::exchange_across_workers(*strategy_, proposal, "PreemptionCheckpointHandler");
+      std::int64_t agreed = 1;
+      for (const std::string& p : all) agreed = std::max(agreed, static_cast<std::int64_t>(std::stoll(p)));
+      interval_ = agreed;
+      last_agreed_run_ = runs_;
+      last_mark_ = Clock::now();
+      exchange_seconds_ = std::chrono::duration<double>(last_mark_ - now).count();
+    } else {
+      return;  // no agreement since the last look, so no request either
+    }
+    agreements_ = internal::worker_agreements(*strategy_);
   }
-  agreements_ = internal::worker_agreements(*strategy_);
   if (!internal::stop_agreed(*strategy_)) return;
-  checkpointed_runs_.assign(constant(runs_));
   saved_ = manager_->save(std::nullopt, /*check_interval=*/false);
   manager_->sync();
-  std::cerr << "distribute: PreemptionCheckpointHandler: a worker was asked to stop; every worker stopped after step "
-            << runs_ << " and saved " << saved_.value_or("(nothing)") << ". Exiting." << std::endl;
+  const internal::WorkerPlace place = internal::worker_place(*strategy_);
+  // One write, so that the lines of workers sharing a terminal do not mix.
+  const std::string line =
+      "distribute: PreemptionCheckpointHandler: " +
+      (place.count > 1 ? "worker " + std::to_string(place.rank) + " of " + std::to_string(place.count) + ": "
+                       : std::string()) +
+      "a worker was asked to stop; every worker stopped after step " + std::to_string(runs_) + " and saved " +
+      saved_.value_or("(nothing)") + ". Exiting.\n";
+  std::cerr << line << std::flush;
   if (config_.exit_fn) {
     config_.exit_fn();
   } else {

@@ -11,18 +11,10 @@
 set -u
 bin=$1
 mpirun=${2:-}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# shellcheck source=tests/train/common.sh
+source "$(dirname "$0")/common.sh"
 
 common=(--epochs 4 --steps-per-epoch 25 --global-batch 64 --checkpoint-every 6)
-if [ -n "$mpirun" ]; then
-  launch=("$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" --strategy multi_worker --replicas 1)
-else
-  launch=("$bin" --strategy mirrored --replicas 2)
-fi
-digest() { grep -o 'parameters CRC32C [0-9a-f]*' <<< "$1" | head -1; }
 
 start=$(date +%s%N)
 straight=$("${launch[@]}" "${common[@]}" --checkpoint-dir "$tmp/straight" 2>&1) || fail "the straight run: $straight"

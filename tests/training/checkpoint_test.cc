@@ -1438,6 +1438,26 @@ TEST(PreemptionTest, SigtermEndsTheStepSavesAndExitsWith42) {
   EXPECT_EQ(final.get_tensor("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE").scalar<std::int64_t>(), kSteps);
 }
 
+// Every save of the manager's checkpoint holds the handler's count, a
+// periodic one too: a run resumed from it (after a kill -9, say) counts on
+// from there.
+TEST(PreemptionTest, EverySaveHoldsTheRunCount) {
+  TempDir dir;
+  auto handled = [&](int steps) {
+    Model m({"mirrored2", 2});
+    auto ckpt = m.checkpoint();
+    CheckpointManager manager(*ckpt, dir.path(), 1);
+    train::PreemptionCheckpointHandler handler(*m.strategy, manager);
+    const std::int64_t start = handler.total_run_calls();
+    for (int step = 0; step < steps; ++step) handler.run([&] { m.train(1, static_cast<int>(start) + step); });
+    manager.save();
+    return start;
+  };
+  EXPECT_EQ(handled(3), 0);
+  EXPECT_EQ(handled(2), 3);
+  EXPECT_EQ(handled(0), 5);
+}
+
 // One step of a worker's model: Adam on gradients of the global step.
 void worker_step(MultiWorkerMirroredStrategy& s, WorkerModel& model, std::int64_t step) {
   s.run([&](ReplicaContext& ctx) {
@@ -1461,7 +1481,9 @@ TEST(PreemptionTest, OneWorkerAskedToStopStopsEveryWorkerAfterTheSameStep) {
       WorkerModel model(s);
       auto ckpt = model.checkpoint();
       CheckpointManager manager(*ckpt, where, 1);
-      train::PreemptionCheckpointHandler handler(s, manager, {.exit_fn = [] { throw Exited{}; }});
+      // (An exchange after every step: the request is seen after the step it came in.)
+      train::PreemptionCheckpointHandler handler(s, manager,
+                                                 {.exit_fn = [] { throw Exited{}; }, .max_steps_between_exchanges = 1});
       if (starts != nullptr) (*starts)[static_cast<std::size_t>(worker)] = handler.total_run_calls();
       try {
         for (auto step = handler.total_run_calls(); step < kSteps; ++step) {
@@ -1502,7 +1524,7 @@ TEST(PreemptionTest, OneWorkerAskedToStopStopsEveryWorkerAfterTheSameStep) {
 TEST(PreemptionTest, ExchangesOnlyWhereTheStepMakesNoAgreement) {
   TempDir dir;
   std::vector<std::uint64_t> plain(2), handled(2), bare(2);
-  std::vector<bool> stopped(2, false);
+  std::vector<int> stopped(2, 0);  // (not vector<bool>: its bits share a word across threads)
   const auto errors = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
     const auto w = static_cast<std::size_t>(worker);
     WorkerModel model(s);
@@ -1532,14 +1554,69 @@ TEST(PreemptionTest, ExchangesOnlyWhereTheStepMakesNoAgreement) {
         worker_step(s, model, 4);
       });
     } catch (const Exited&) {
-      stopped[w] = true;
+      stopped[w] = 1;
     }
   });
   for (const auto& e : errors) ASSERT_FALSE(e) << testing::message_of(e);
   EXPECT_GT(plain[0], 0U);
   EXPECT_EQ(handled, plain);
   EXPECT_EQ(bare, (std::vector<std::uint64_t>{1, 1}));
-  EXPECT_EQ(stopped, (std::vector<bool>{true, true}));
+  EXPECT_EQ(stopped, (std::vector<int>{1, 1}));
+}
+// Steps that make no agreement: the handler's own exchanges come at the same
+// steps on every worker, spaced as its TerminationConfig bounds them; a
+// request waits for the next one, and every worker stops after that step.
+TEST(PreemptionTest, ExchangesAreSpacedAndARequestWaitsForTheNext) {
+  TempDir dir;
+  std::vector<std::uint64_t> exchanges(2);
+  std::vector<std::int64_t> stopped_after(2, -1);
+  const auto errors = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
+    const auto w = static_cast<std::size_t>(worker);
+    WorkerModel model(s);
+    worker_step(s, model, 0);  // (makes Adam's slots: agreements of its own)
+    auto ckpt = model.checkpoint();
+    CheckpointManager manager(*ckpt, dir.path(), 1);
+    struct Exited {};
+    // A budget no exchange fits: the bound of 4 steps spaces them.
+    train::PreemptionCheckpointHandler handler(
+        s, manager, {.exit_fn = [] { throw Exited{}; }, .exchange_budget = 1e-9, .max_steps_between_exchanges = 4});
+    const std::uint64_t before = internal::worker_agreements(s);
+    try {
+      for (std::int64_t step = 1; step <= 20; ++step) {
+        handler.run([&] {
+          if (worker == 0 && step == 7) handler.request_stop();
+          worker_step(s, model, step);
+        });
+        if (step == 6) exchanges[w] = internal::worker_agreements(s) - before;
+      }
+    } catch (const Exited&) {
+      stopped_after[w] = handler.total_run_calls();
+    }
+  });
+  for (const auto& e : errors) ASSERT_FALSE(e) << testing::message_of(e);
+  // After steps 1 and 2 (the first exchange is measured by the second), then every 4th.
+  EXPECT_EQ(exchanges, (std::vector<std::uint64_t>{3, 3}));
+  EXPECT_EQ(stopped_after, (std::vector<std::int64_t>{10, 10}));  // asked in step 7, seen after step 10
+}
+
+TEST(PreemptionTest, AConfigThatCannotSpaceExchangesIsRefused) {
+  TempDir dir;
+  Model m({"mirrored2", 2});
+  auto ckpt = m.checkpoint();
+  CheckpointManager manager(*ckpt, dir.path(), 1);
+  for (const train::TerminationConfig& bad :
+       {train::TerminationConfig{.exchange_budget = 0}, train::TerminationConfig{.max_stop_delay_seconds = -1},
+        train::TerminationConfig{.max_steps_between_exchanges = 0}}) {
+    try {
+      train::PreemptionCheckpointHandler handler(*m.strategy, manager, bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("TerminationConfig needs exchange_budget > 0"), std::string::npos)
+          << e.what();
+    }
+  }
+  // Nothing of a refused handler stays behind: a save after it works.
+  EXPECT_TRUE(manager.save().has_value());
 }
 }  // namespace
 }  // namespace distribute

@@ -51,7 +51,9 @@ constexpr const char* kUsage = R"(usage: distribute-train [options]
   --plot FILE          draw the learning curves as an SVG picture
   --checkpoint-dir DIR save checkpoints there (after each epoch), and go on from
                        the latest one found there: epoch, step, data order,
-                       optimizer state, metrics and learning curve
+                       optimizer state, metrics and learning curve. A SIGTERM
+                       or Ctrl-C to any worker then makes every worker finish
+                       the same step, save and exit with status 42
   --checkpoint-every N also save every N steps (0: only after each epoch)
   --keep N             checkpoints kept in --checkpoint-dir          (default: 3)
   --async-checkpoint   save in the background: a save copies the state to
@@ -499,6 +501,57 @@ std::vector<EpochRecord> open_checkpoints(const Args& a, bool chief, Trainer& tr
   return records;
 }
 
+// Thrown once a preemption's checkpoint is saved: main() returns 42
+// after every object is destroyed (MPI finalised), rather than exit().
+struct Preempted {};
+
+// --checkpoint-dir's pieces (none without it): the checkpoint, its manager
+// and the preemption handler, with which a SIGTERM to any worker ends every
+// worker after the same step with a checkpoint of it; and the epochs'
+// records, the restored run's first.
+class Checkpoints {
+ public:
+  Checkpoints(const Args& a, Strategy& s, bool chief, Trainer& trainer, RunState& state) : a_(&a), state_(&state) {
+    records = open_checkpoints(a, chief, trainer, state, checkpoint_, manager_);
+    if (!manager_) return;
+    track_history();
+    // (The handler restores the latest checkpoint again, as TF's does: the
+    // values open_checkpoints just checked.)
+    preemption_.emplace(s, *manager_, TerminationConfig{.exit_fn = [] { throw Preempted{}; }});
+  }
+  std::vector<EpochRecord> records;
+
+  void save() {
+    if (!manager_) return;
+    track_history();
+    manager_->save(std::nullopt, true, {.experimental_enable_async_checkpoint = a_->async_checkpoint});
+  }
+  // After each step (`iterations` in all so far, `steps` and `rows` of this
+  // epoch): where the run is, then the periodic save, then a preemption's.
+  void after_step(std::int64_t iterations, std::int64_t steps, std::int64_t rows) {
+    if (!preemption_) return;
+    state_->steps_in_epoch.assign(constant(steps));
+    state_->rows_in_epoch.assign(constant(rows));
+    if (a_->checkpoint_every > 0 && iterations % a_->checkpoint_every == 0) save();
+    preemption_->save_checkpoint_if_preempted();
+  }
+  void sync() {
+    if (manager_) manager_->sync();
+  }
+
+ private:
+  // The learning curve as the next save holds it (a preemption's too).
+  void track_history() {
+    state_->history.emplace(encode_history(records), VariableOptions{.name = "history"});
+    checkpoint_->track("train/history", *state_->history);
+  }
+  const Args* a_;
+  RunState* state_;
+  std::optional<Checkpoint> checkpoint_;
+  std::optional<CheckpointManager> manager_;
+  std::optional<PreemptionCheckpointHandler> preemption_;
+};
+
 int run(const Args& a) {
   const int cores = internal::usable_cpus();
   std::unique_ptr<Strategy> owned;
@@ -535,15 +588,8 @@ int run(const Args& a) {
               << "; " << internal::describe_host_cpus() << "\n";
   }
   RunState state(a);
-  std::optional<Checkpoint> checkpoint;
-  std::optional<CheckpointManager> manager;
-  std::vector<EpochRecord> records = open_checkpoints(a, chief, trainer, state, checkpoint, manager);
-  auto save = [&] {
-    if (!manager) return;
-    state.history.emplace(encode_history(records), VariableOptions{.name = "history"});
-    checkpoint->track("train/history", *state.history);
-    manager->save(std::nullopt, true, {.experimental_enable_async_checkpoint = a.async_checkpoint});
-  };
+  Checkpoints checkpoints(a, *s, chief, trainer, state);
+  std::vector<EpochRecord>& records = checkpoints.records;
   const bool bar = chief && isatty(STDERR_FILENO);
   const int first_epoch = static_cast<int>(state.epochs_done.read_value().scalar<std::int64_t>()) + 1;
   for (int epoch = first_epoch; epoch <= a.epochs; ++epoch) {
@@ -551,10 +597,7 @@ int run(const Args& a) {
       if (bar) print_progress_bar(p, a.epochs);
     };
     auto after_step = [&](std::int64_t steps, std::int64_t rows) {
-      if (a.checkpoint_every == 0 || trainer.optimizer().iterations() % a.checkpoint_every != 0) return;
-      state.steps_in_epoch.assign(constant(steps));
-      state.rows_in_epoch.assign(constant(rows));
-      save();
+      checkpoints.after_step(trainer.optimizer().iterations(), steps, rows);
     };
     const bool resumed = epoch == first_epoch;
     EpochStats train =
@@ -568,9 +611,9 @@ int run(const Args& a) {
     state.epochs_done.assign(constant(std::int64_t{epoch}));
     state.steps_in_epoch.assign(constant(std::int64_t{0}));
     state.rows_in_epoch.assign(constant(std::int64_t{0}));
-    save();
+    checkpoints.save();
   }
-  if (manager) manager->sync();  // the last save, if asynchronous, whole before the run ends
+  checkpoints.sync();  // the last save, if asynchronous, whole before the run ends
   if (records.empty()) {
     // Every epoch was done before (a finished run's checkpoint): the model as it was left.
     records.push_back({a.epochs, EpochStats{}, trainer.evaluate(data.test)});
@@ -587,6 +630,8 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     fit_blas_to_cpu(argv, a.blas_core);  // before any thread or MPI: it may run the program again
     return run(a);
+  } catch (const Preempted&) {
+    return TerminationConfig{}.exit_code;
   } catch (const UsageError& e) {
     std::cerr << "distribute-train: " << e.what() << "\n" << kUsage;
     return 2;
