@@ -1,7 +1,9 @@
 // Training that survives being stopped: the README's training loop with a
-// CheckpointManager. Run it, stop it (Ctrl-C, kill -9) and run it again: it
-// goes on from the latest checkpoint, and ends where an uninterrupted run
-// ends, bit for bit.
+// CheckpointManager and a PreemptionCheckpointHandler. Stop it with Ctrl-C
+// or a SIGTERM (the step ends, a checkpoint of it, exit status 42) or with
+// kill -9 (the last epoch's checkpoint stays) and run it again: it goes on
+// from the latest checkpoint, and ends where an uninterrupted run ends, bit
+// for bit.
 //
 //   resumable_training /tmp/fit [epochs]
 #include <distribute/distribute.h>
@@ -30,11 +32,18 @@ int main(int argc, char** argv) {
   Adam adam({.learning_rate = 0.05});
   train::Checkpoint checkpoint({{"model/w", *w}, {"model/b", *b}, {"optimizer", adam}, {"epoch", epoch}});
   train::CheckpointManager manager(checkpoint, argv[1], /*max_to_keep=*/3);
-  if (const auto restored = manager.restore_or_initialize()) {
-    std::printf("restored %s at epoch %lld\n", restored->c_str(),
-                static_cast<long long>(epoch.read_value().scalar<std::int64_t>()));
+  // Restores the latest checkpoint; from here a SIGTERM or Ctrl-C ends the
+  // step it comes in, saves and exits with 42.
+  train::PreemptionCheckpointHandler handler(strategy, manager);
+  if (const auto restored = manager.latest_checkpoint()) {
+    std::printf("restored %s at epoch %lld, step %lld\n", restored->c_str(),
+                static_cast<long long>(epoch.read_value().scalar<std::int64_t>()),
+                static_cast<long long>(handler.total_run_calls()));
   }
-  const std::int64_t global_batch = 8;
+  const std::int64_t global_batch = 8, steps_per_epoch = 4;
+  // A preemption's checkpoint may come in the middle of an epoch: the steps
+  // it took are skipped (the batches are the same every epoch).
+  std::int64_t skip = handler.total_run_calls() - epoch.read_value().scalar<std::int64_t>() * steps_per_epoch;
   for (std::int64_t e = epoch.read_value().scalar<std::int64_t>(); e < epochs; ++e) {
     int next = 0;
     BatchFn batches = [&]() -> std::optional<Nest<Tensor>> {
@@ -46,23 +55,26 @@ int main(int argc, char** argv) {
       return Nest<Tensor>::tuple({x, y});
     };
     for (const auto& batch : strategy.experimental_distribute_dataset(batches, global_batch)) {
-      strategy.run(
-          [&](const Nest<Tensor>& mine) {
-            const auto x = mine[0].leaf().flat<float>();
-            const auto y = mine[1].leaf().flat<float>();
-            const float wv = w->read_value().scalar<float>(), bv = b->read_value().scalar<float>();
-            float dw = 0, db = 0;
-            for (std::size_t i = 0; i < x.size(); ++i) {
-              const float err = wv * x[i] + bv - y[i];
-              dw += 2 * err * x[i] / global_batch;
-              db += 2 * err / global_batch;
-            }
-            adam.apply_gradients({{constant(dw), *w}, {constant(db), *b}});
-          },
-          batch);
+      if (skip > 0 && skip--) continue;
+      handler.run([&] {
+        strategy.run(
+            [&](const Nest<Tensor>& mine) {
+              const auto x = mine[0].leaf().flat<float>();
+              const auto y = mine[1].leaf().flat<float>();
+              const float wv = w->read_value().scalar<float>(), bv = b->read_value().scalar<float>();
+              float dw = 0, db = 0;
+              for (std::size_t i = 0; i < x.size(); ++i) {
+                const float err = wv * x[i] + bv - y[i];
+                dw += 2 * err * x[i] / global_batch;
+                db += 2 * err / global_batch;
+              }
+              adam.apply_gradients({{constant(dw), *w}, {constant(db), *b}});
+            },
+            batch);
+      });
     }
     epoch.assign(constant(e + 1));
-    manager.save();  // after each epoch: a stop loses at most one
+    manager.save();  // after each epoch: a kill -9 loses at most one
   }
   // %.9g: every bit of a float, for the test that reads the checkpoint back.
   std::printf("w = %.9g, b = %.9g after %lld steps; saved %s\n", w->read_value().scalar<float>(),

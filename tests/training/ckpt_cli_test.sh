@@ -18,13 +18,13 @@ grep -q "^checkpoint   $dir/ckpt-5$" <<< "$out" || fail "no prefix line: $out"
 grep -q "^written by   MirroredStrategy, 1 worker x 2 replicas$" <<< "$out" || fail "no layout: $out"
 grep -q "^model/w/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE  *float32  *\[\]  *4  0x" <<< "$out" ||
   fail "no slot row: $out"
-grep -q "^9 tensors, 48 bytes$" <<< "$out" || fail "no total: $out"
+grep -q "^10 tensors, 56 bytes$" <<< "$out" || fail "no total: $out"
 grep -q "^verified" <<< "$out" || fail "not verified: $out"
 out=$("$tool" inspect "$dir/ckpt-5" --tensor "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")
 grep -q "= 20$" <<< "$out" || fail "--tensor: $out"
 out=$("$tool" list "$dir")
 [ "$(wc -l <<< "$out")" = 3 ] || fail "list: $out"
-grep -q "ckpt-5  save_counter 5  9 tensors  48 bytes  (latest)$" <<< "$out" || fail "list: $out"
+grep -q "ckpt-5  save_counter 5  10 tensors  56 bytes  (latest)$" <<< "$out" || fail "list: $out"
 
 # One byte of the data section changed: the CRC names the tensor.
 shard=$(ls "$dir"/ckpt-5.data-*.safetensors)
