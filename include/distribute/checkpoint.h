@@ -217,6 +217,9 @@ class Checkpoint {
   // up to date just before the values are read (the preemption handler's
   // step count, which it would otherwise assign at every step).
   void before_write(const void* owner, std::function<void()> fn);
+  // The strategy whose workers save together (the first multi-worker one
+  // among the variables'), or null.
+  Strategy* coordinator() const;
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -45,8 +45,9 @@ struct TerminationConfig {
   // the handler exchanges the requests after some of them. It spaces the
   // exchanges (the same steps on every worker, agreed in each exchange) so
   // that they cost at most `exchange_budget` of the steps' measured time,
-  // and so that a request waits at most `max_stop_delay_seconds` and
-  // `max_steps_between_exchanges` steps. 1 exchanges after every such step.
+  // and so that, at the steps' speed as measured, a request waits at most
+  // `max_stop_delay_seconds`, and at most `max_steps_between_exchanges`
+  // steps. 1 exchanges after every such step.
   double exchange_budget = 0.001;
   double max_stop_delay_seconds = 1.0;
   std::int64_t max_steps_between_exchanges = 10000;
@@ -58,16 +59,22 @@ class PreemptionCheckpointHandler {
   // restore_or_initialize), after tracking the handler's step count in its
   // checkpoint as "checkpointed_runs"; then handles SIGTERM and SIGINT
   // (while any handler lives; a second signal ends the process at once, as
-  // the default action). Made and used in the cross-replica context, by
+  // the default action). `strategy` must be the one whose workers save the
+  // checkpoint (its variables'), else InvalidArgumentError. Made and used
+  // in the cross-replica context, by
   // every worker alike.
   PreemptionCheckpointHandler(Strategy& strategy, CheckpointManager& manager, TerminationConfig config = {});
-  // The last one alive puts the previous signal handlers back.
+  // The last one alive puts the previous signal handlers back. A handler
+  // must go before its manager and checkpoint (declare it after them).
   ~PreemptionCheckpointHandler();
   PreemptionCheckpointHandler(const PreemptionCheckpointHandler&) = delete;
   PreemptionCheckpointHandler& operator=(const PreemptionCheckpointHandler&) = delete;
 
-  // Runs one step (`step()`, whose value it returns), counts it, and if any
-  // worker was asked to stop before the step's end, saves and exits.
+  // Runs one step (`step()`, whose value it returns), counts it, and if a
+  // request of any worker has reached an agreement among the workers (see
+  // above: at once where steps make agreements, else at the next of the
+  // handler's exchanges), saves and exits. A save made inside `step` holds
+  // the count without that step (it is counted once the step returns).
   template <class Step>
   decltype(auto) run(Step&& step) {
     if constexpr (std::is_void_v<std::invoke_result_t<Step&>>) {

@@ -122,6 +122,10 @@ def test_a_sigterm_to_one_worker_stops_both_after_the_same_step(strategy):
             adam.apply_gradients([(np.full(4, rid + 1.0, dtype=np.float32), w)])
 
         ckpt = ds.train.Checkpoint(w=w, optimizer=adam)
+        # Outside the scope and without strategy=, the default strategy: it
+        # would stop this worker alone, so it is refused.
+        with pytest.raises(ds.errors.InvalidArgumentError, match="whose workers save together"):
+            ds.experimental.PreemptionCheckpointHandler(None, ckpt, directory)
         # (An exchange after every step: the request is seen after the step it came in.)
         config = ds.experimental.TerminationConfig(max_steps_between_exchanges=1)
         handler = ds.experimental.PreemptionCheckpointHandler(

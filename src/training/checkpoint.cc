@@ -537,6 +537,8 @@ std::string Checkpoint::write(const std::string& file_prefix, const CheckpointOp
   return file_prefix;
 }
 
+Strategy* Checkpoint::coordinator() const { return state_->coordinator(); }
+
 void Checkpoint::before_write(const void* owner, std::function<void()> fn) {
   if (fn) {
     state_->before_write[owner] = std::move(fn);

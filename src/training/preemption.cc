@@ -57,6 +57,14 @@ PreemptionCheckpointHandler::PreemptionCheckpointHandler(Strategy& strategy, Che
         std::to_string(config_.exchange_budget) + ", " + std::to_string(config_.max_stop_delay_seconds) + " and " +
         std::to_string(config_.max_steps_between_exchanges));
   }
+  // The workers that save together must be those that agree on the stop:
+  // a handler on another strategy (the default one, outside any scope)
+  // would stop its worker alone and leave the others waiting.
+  if (Strategy* coord = manager.checkpoint().coordinator(); coord != nullptr && coord != &strategy) {
+    throw InvalidArgumentError("PreemptionCheckpointHandler: the checkpoint's variables belong to " +
+                               coord->describe() + ", whose workers save together, but the handler was given " +
+                               strategy.describe() + ": pass the variables' strategy (in Python: strategy=...)");
+  }
   manager.checkpoint().track("checkpointed_runs", checkpointed_runs_);
   manager.restore_or_initialize();
   runs_ = checkpointed_runs_.read_value().scalar<std::int64_t>();
@@ -65,10 +73,15 @@ PreemptionCheckpointHandler::PreemptionCheckpointHandler(Strategy& strategy, Che
   last_agreed_run_ = runs_;
   last_mark_ = std::chrono::steady_clock::now();
   internal::clear_stop(strategy);
+  // Every save of the checkpoint (not only the preemption's, as in TF) holds
+  // the count, so that a run resumed from any restarts total_run_calls()
+  // where it was; assigned as the save begins, not at every step.
+  manager.checkpoint().before_write(this, [this] { checkpointed_runs_.assign(constant(runs_)); });
   const std::lock_guard<std::mutex> lock(g_install_mutex);
   int slot = 0;
   while (slot < kMaxHandlers && g_requests[slot].load() != nullptr) ++slot;
   if (slot == kMaxHandlers) {
+    manager.checkpoint().before_write(this, {});
     throw FailedPreconditionError("PreemptionCheckpointHandler: " + std::to_string(kMaxHandlers) +
                                   " handlers are alive in this process already");
   }
@@ -82,10 +95,6 @@ PreemptionCheckpointHandler::PreemptionCheckpointHandler(Strategy& strategy, Che
     sigaction(SIGTERM, &action, &g_previous_term);
     sigaction(SIGINT, &action, &g_previous_int);
   }
-  // Every save of the checkpoint (not only the preemption's, as in TF) holds
-  // the count, so that a run resumed from any restarts total_run_calls()
-  // where it was; assigned as the save begins, not at every step.
-  manager.checkpoint().before_write(this, [this] { checkpointed_runs_.assign(constant(runs_)); });
 }
 
 PreemptionCheckpointHandler::~PreemptionCheckpointHandler() {
@@ -104,8 +113,9 @@ std::int64_t PreemptionCheckpointHandler::next_interval(double step) const {
   if (!(step > 0) || !(exchange_seconds_ > 0)) return 1;  // not measured yet
   const double for_budget = std::ceil(exchange_seconds_ / (config_.exchange_budget * step));
   const double for_delay = std::floor(config_.max_stop_delay_seconds / step);
+  // (At most 1e15: a double past int64's range would not convert.)
   const double steps_between =
-      std::min({for_budget, for_delay, static_cast<double>(config_.max_steps_between_exchanges)});
+      std::min({for_budget, for_delay, static_cast<double>(config_.max_steps_between_exchanges), 1e15});
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(steps_between));
 }
 

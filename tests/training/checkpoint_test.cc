@@ -1578,8 +1578,11 @@ TEST(PreemptionTest, ExchangesAreSpacedAndARequestWaitsForTheNext) {
     CheckpointManager manager(*ckpt, dir.path(), 1);
     struct Exited {};
     // A budget no exchange fits: the bound of 4 steps spaces them.
-    train::PreemptionCheckpointHandler handler(
-        s, manager, {.exit_fn = [] { throw Exited{}; }, .exchange_budget = 1e-9, .max_steps_between_exchanges = 4});
+    train::PreemptionCheckpointHandler handler(s, manager,
+                                               {.exit_fn = [] { throw Exited{}; },
+                                                .exchange_budget = 1e-9,
+                                                .max_stop_delay_seconds = 1e9,
+                                                .max_steps_between_exchanges = 4});
     const std::uint64_t before = internal::worker_agreements(s);
     try {
       for (std::int64_t step = 1; step <= 20; ++step) {
@@ -1597,6 +1600,26 @@ TEST(PreemptionTest, ExchangesAreSpacedAndARequestWaitsForTheNext) {
   // After steps 1 and 2 (the first exchange is measured by the second), then every 4th.
   EXPECT_EQ(exchanges, (std::vector<std::uint64_t>{3, 3}));
   EXPECT_EQ(stopped_after, (std::vector<std::int64_t>{10, 10}));  // asked in step 7, seen after step 10
+}
+
+// A handler given another strategy than the workers that save the
+// checkpoint (the default one) would stop its worker alone: refused.
+TEST(PreemptionTest, AStrategyOtherThanTheCheckpointsWorkersIsRefused) {
+  TempDir dir;
+  std::vector<std::string> messages(2);
+  const auto errors = run_workers(2, 1, [&](int worker, MultiWorkerMirroredStrategy& s) {
+    WorkerModel model(s);
+    auto ckpt = model.checkpoint();
+    CheckpointManager manager(*ckpt, dir.path(), 1);
+    try {
+      train::PreemptionCheckpointHandler handler(default_strategy(), manager);
+    } catch (const InvalidArgumentError& e) {
+      messages[static_cast<std::size_t>(worker)] = e.what();
+    }
+    EXPECT_TRUE(manager.save().has_value());  // nothing of the refused handler stays behind
+  });
+  for (const auto& e : errors) ASSERT_FALSE(e) << testing::message_of(e);
+  for (const std::string& m : messages) EXPECT_NE(m.find("whose workers save together"), std::string::npos) << m;
 }
 
 TEST(PreemptionTest, AConfigThatCannotSpaceExchangesIsRefused) {

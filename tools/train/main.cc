@@ -527,13 +527,14 @@ class Checkpoints {
     manager_->save(std::nullopt, true, {.experimental_enable_async_checkpoint = a_->async_checkpoint});
   }
   // After each step (`iterations` in all so far, `steps` and `rows` of this
-  // epoch): where the run is, then the periodic save, then a preemption's.
+  // epoch): where the run is, then a preemption's save (the handler counts
+  // the step first), then the periodic one.
   void after_step(std::int64_t iterations, std::int64_t steps, std::int64_t rows) {
     if (!preemption_) return;
     state_->steps_in_epoch.assign(constant(steps));
     state_->rows_in_epoch.assign(constant(rows));
-    if (a_->checkpoint_every > 0 && iterations % a_->checkpoint_every == 0) save();
     preemption_->save_checkpoint_if_preempted();
+    if (a_->checkpoint_every > 0 && iterations % a_->checkpoint_every == 0) save();
   }
   void sync() {
     if (manager_) manager_->sync();
