@@ -150,7 +150,9 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 void apply_write(int kind, Tensor& component, const Tensor& value) {
   switch (kind) {
     case 0:
-      if (component.raw_data() != value.raw_data()) {  // assigning a component its own value changes nothing
+      // Assigning a component its own value changes nothing; an empty
+      // tensor has no bytes (and may have no buffer: memcpy's null is UB).
+      if (component.nbytes() > 0 && component.raw_data() != value.raw_data()) {
         std::memcpy(component.mutable_raw_data(), value.raw_data(), component.nbytes());
       }
       return;
